@@ -1,0 +1,41 @@
+# `make test` and `make bench` each work on a fresh machine: they create .venv, install the
+# project (its C++ core built by scikit-build-core) with what the target needs, and run.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# An editable install rebuilds the native core on import after a C++ edit.
+INSTALL := $(PIP) install --no-build-isolation -c constraints.txt -Ceditable.rebuild=true -e
+
+.PHONY: test bench typecheck lint clean
+
+$(VENV)/.base: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt scikit-build-core nanobind
+	@touch $@
+
+$(VENV)/.test: $(VENV)/.base
+	$(INSTALL) ".[test,dev,jax,bench]" -q
+	@touch $@
+
+$(VENV)/.bench: $(VENV)/.base
+	$(INSTALL) ".[bench]" -q
+	@touch $@
+
+test: $(VENV)/.test
+	$(PY) -m pytest -q
+	$(MAKE) typecheck
+
+typecheck: $(VENV)/.test
+	$(VENV)/bin/pyright
+	$(VENV)/bin/mypy
+
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.bench
+	$(PY) -m benchmarks --quick $(ARGS)
+
+clean:
+	rm -rf build $(VENV) bench-results .pytest_cache .mypy_cache

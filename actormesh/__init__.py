@@ -1,0 +1,47 @@
+"""actormesh: typed meshes of Ray actors with a native queue-depth-aware load balancer."""
+
+import importlib
+
+try:
+    importlib.import_module("actormesh._native")
+except ImportError as err:  # pragma: no cover - only without a built extension
+    raise ImportError(
+        "actormesh._native, the compiled scheduler core, is missing or failed to load "
+        f"({err}). Install the package with pip so its C++ core is built "
+        "(`pip install .` or `make test`)."
+    ) from err
+
+from . import dispatch
+from ._actor import current_rank
+from ._balancer import ActorLoad, Balancer, Policy
+from ._errors import ActorDiedError, ActorError, MeshError, MeshTimeoutError, NoLiveActorsError
+from ._future import MeshFuture, ValueMesh
+from ._mesh import ActorMesh, Loads
+from ._method import AsyncMeshMethod, MeshMethod, method
+from ._placement import Placement
+from ._shape import Point, Shape
+from .dispatch import Dispatch
+
+__all__ = [
+    "ActorDiedError",
+    "ActorError",
+    "ActorLoad",
+    "ActorMesh",
+    "AsyncMeshMethod",
+    "Balancer",
+    "Dispatch",
+    "Loads",
+    "MeshError",
+    "MeshFuture",
+    "MeshMethod",
+    "MeshTimeoutError",
+    "NoLiveActorsError",
+    "Placement",
+    "Point",
+    "Policy",
+    "Shape",
+    "ValueMesh",
+    "current_rank",
+    "dispatch",
+    "method",
+]

@@ -1,0 +1,91 @@
+"""Inside a mesh actor: the rank identity, its environment, and the class Ray hosts.
+
+Ray sees a subclass of the user's class in which every `@am.method` is a plain function again and
+whose `__init__` takes the actor's identity first: it sets the environment and `current_rank()`
+before the user's `__init__` runs. Ray re-runs `__init__` with the same arguments on a restart, so
+a restarted actor comes back with the same rank, coordinates and environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+from typing import Any
+
+from ._method import MethodDef
+from ._shape import Point, Shape, format_coords, parse_coords
+
+_current: Point | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """What an actor is told about itself: rank and the mesh shape (dims and sizes)."""
+
+    rank: int
+    dims: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def point(self) -> Point:
+        return Point(self.rank, Shape(dict(zip(self.dims, self.sizes))))
+
+    def env(self) -> dict[str, str]:
+        point = self.point
+        return {
+            "ACTORMESH_RANK": str(self.rank),
+            "ACTORMESH_WORLD_SIZE": str(point.world_size),
+            "ACTORMESH_COORDS": format_coords(point.coords),
+            "ACTORMESH_SHAPE": point.shape.env(),
+            "RAY_ACTOR_MESH_RANK": str(self.rank),
+        }
+
+
+def current_rank() -> Point:
+    """The calling actor's point in its mesh: `.rank`, `.coords`, `.shape`, `.world_size`."""
+    if _current is not None:
+        return _current
+    rank, shape = os.environ.get("ACTORMESH_RANK"), os.environ.get("ACTORMESH_SHAPE")
+    if rank is None or shape is None:
+        raise RuntimeError(
+            "am.current_rank() is only available inside an actor of an ActorMesh "
+            "(ACTORMESH_RANK is not set in this process)"
+        )
+    return Point(int(rank), Shape(parse_coords(shape)))
+
+
+def _enter_mesh(identity: Identity) -> None:
+    global _current
+    os.environ.update(identity.env())
+    _current = identity.point
+
+
+def hosted_class(cls: type[Any]) -> type[Any]:
+    """The subclass of `cls` that Ray hosts for a mesh (see the module docstring)."""
+    namespace: dict[str, Any] = {
+        name: attr.fn
+        for name, attr in inspect.getmembers(cls)
+        if isinstance(attr, MethodDef)
+    }
+
+    def __init__(self: Any, identity: Identity, *args: Any, **kwargs: Any) -> None:
+        _enter_mesh(identity)
+        cls.__init__(self, *args, **kwargs)
+
+    namespace["__init__"] = __init__
+    namespace["__doc__"] = cls.__doc__
+    return type(cls.__name__, (cls,), namespace)
+
+
+def method_def(cls: type[Any], name: str) -> MethodDef[Any, Any] | None:
+    """The `@am.method` definition of `name` on `cls`, or None for an undecorated method.
+
+    Raises AttributeError (naming the class) when `cls` has no callable `name`.
+    """
+    attr = inspect.getattr_static(cls, name, None)
+    if isinstance(attr, MethodDef):
+        return attr
+    if name.startswith("__") or attr is None or not callable(getattr(cls, name, None)):
+        raise AttributeError(f"{cls.__name__} has no method {name!r}")
+    return None

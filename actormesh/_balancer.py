@@ -1,0 +1,152 @@
+"""Choosing a balancer: built-in native policies by name or `Policy(...)`, or a Python `Balancer`.
+
+Every choice is made by the native scheduler in `actormesh._native`; a Python `Balancer` plugs in
+as its `external` policy, called back with the live candidates that have a free slot.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import random
+from collections.abc import Hashable, Sequence
+from typing import Literal, Union
+
+from . import _native
+
+PolicyName = Literal["random", "round_robin", "pow2", "least_loaded", "pull", "sed"]
+POLICIES: tuple[str, ...] = ("random", "round_robin", "pow2", "least_loaded", "pull", "sed")
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorLoad:
+    """One candidate actor as a `Balancer` sees it."""
+
+    rank: int
+    in_flight: int
+    mean_latency_s: float  # moving average of service time; NaN until first measured
+    alive: bool = True
+
+
+class Balancer(abc.ABC):
+    """A routing policy written in Python. Pass an instance as `ActorMesh(..., balancer=)`."""
+
+    @abc.abstractmethod
+    def pick(self, loads: Sequence[ActorLoad], affinity: Hashable | None) -> int:
+        """Return an index into `loads`: the live candidates with a free slot, in rank order."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A built-in native policy with its settings (`balancer="sed"` is `Policy("sed")`).
+
+    `max_in_flight` bounds calls per actor (default: unbounded, 1 for "pull"); `prefetch` adds
+    slots to "pull" so an actor never idles for a round trip between very short calls.
+    Affinity escapes to the least loaded actor when the sticky actor's in-flight count exceeds
+    the minimum by more than `affinity_abs` calls and by more than `affinity_rel` times.
+    """
+
+    name: PolicyName = "pow2"
+    max_in_flight: int | None = None
+    prefetch: int = 0
+    seed: int | None = None
+    ewma_alpha: float = 0.2
+    prior_s: float | None = None
+    affinity_abs: int = 2
+    affinity_rel: float = 1.5
+    affinity_capacity: int = 65536
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise ValueError(f"balancer {self.name!r}: unknown policy; choose one of {POLICIES}")
+        if self.max_in_flight is not None and (
+            isinstance(self.max_in_flight, bool) or self.max_in_flight < 1
+        ):
+            raise ValueError(f"max_in_flight={self.max_in_flight!r}: must be an int >= 1")
+        if self.prefetch < 0 or (self.prefetch and self.name != "pull"):
+            raise ValueError(f"prefetch={self.prefetch!r}: only for 'pull', and >= 0")
+        if not 0 < self.ewma_alpha <= 1:
+            raise ValueError(f"ewma_alpha={self.ewma_alpha!r}: must be in (0, 1]")
+        if self.affinity_abs < 0 or self.affinity_rel < 1 or self.affinity_capacity < 1:
+            raise ValueError(
+                f"affinity margins abs={self.affinity_abs!r} rel={self.affinity_rel!r} "
+                f"capacity={self.affinity_capacity!r}: need abs >= 0, rel >= 1, capacity >= 1"
+            )
+
+    def slots(self) -> int:
+        """Calls per actor allowed in flight; 0 means unbounded."""
+        if self.max_in_flight is not None:
+            return self.max_in_flight + self.prefetch
+        return 1 + self.prefetch if self.name == "pull" else 0
+
+
+BalancerSpec = Union[PolicyName, Policy, Balancer]
+
+
+def make_scheduler(
+    num_actors: int, spec: BalancerSpec, max_in_flight: int | None, keys: AffinityKeys
+) -> _native.Scheduler:
+    """The native scheduler for one mesh, from the `balancer=` and `max_in_flight=` arguments."""
+    if isinstance(spec, Balancer):
+        if max_in_flight is not None and (isinstance(max_in_flight, bool) or max_in_flight < 1):
+            raise ValueError(f"max_in_flight={max_in_flight!r}: must be an int >= 1")
+        return _native.Scheduler(
+            num_actors, "pow2", max_in_flight=max_in_flight or 0, picker=_Picker(spec, keys)
+        )
+    if isinstance(spec, str):
+        spec = Policy(spec)  # validated by Policy
+    if not isinstance(spec, Policy):
+        raise TypeError(f"balancer={spec!r}: must be a policy name, an am.Policy or an am.Balancer")
+    if max_in_flight is not None:
+        spec = dataclasses.replace(spec, max_in_flight=max_in_flight)
+    return _native.Scheduler(
+        num_actors,
+        spec.name,
+        max_in_flight=spec.slots(),
+        seed=spec.seed if spec.seed is not None else random.getrandbits(63),
+        ewma_alpha=spec.ewma_alpha,
+        prior_s=spec.prior_s or 0.0,
+        affinity_abs=spec.affinity_abs,
+        affinity_rel=spec.affinity_rel,
+        affinity_capacity=spec.affinity_capacity,
+    )
+
+
+class AffinityKeys:
+    """Affinity keys by their routing hash, so a Python `Balancer` sees the key it was given.
+
+    The native core routes on 63-bit hashes; it never holds Python objects. Bounded: the oldest
+    keys are forgotten first, like the core's own affinity table.
+    """
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self._keys: dict[int, Hashable] = {}
+        self._capacity = capacity
+
+    def hash(self, key: Hashable | None, remember: bool) -> int | None:
+        if key is None:
+            return None
+        h = hash(key) & 0x7FFF_FFFF_FFFF_FFFF
+        if remember:
+            self._keys.pop(h, None)
+            self._keys[h] = key
+            if len(self._keys) > self._capacity:
+                self._keys.pop(next(iter(self._keys)), None)
+        return h
+
+    def key(self, h: int | None) -> Hashable | None:
+        return None if h is None else self._keys.get(h, h)
+
+
+class _Picker:
+    """Adapts a `Balancer` to the native `external` policy's callback."""
+
+    def __init__(self, balancer: Balancer, keys: AffinityKeys) -> None:
+        self._balancer = balancer
+        self._keys = keys
+
+    def __call__(
+        self, ranks: list[int], in_flight: list[int], latency: list[float], affinity: int | None
+    ) -> int:
+        loads = [ActorLoad(r, n, s) for r, n, s in zip(ranks, in_flight, latency)]
+        return self._balancer.pick(loads, self._keys.key(affinity))

@@ -1,0 +1,57 @@
+"""Errors raised by mesh calls. Each names the actor it came from: rank and coordinates."""
+
+from __future__ import annotations
+
+from ._shape import Point, format_coords
+
+
+class MeshError(Exception):
+    """Base class of the errors actormesh raises for a call."""
+
+
+class ActorError(MeshError):
+    """The actor's method raised. `cause` is the original exception, also the `__cause__`."""
+
+    def __init__(self, point: Point, method: str, cause: BaseException) -> None:
+        self.point = point
+        self.method = method
+        self.cause = cause
+        super().__init__(
+            f"{method} on rank {point.rank} ({format_coords(point.coords)}) raised "
+            f"{type(cause).__name__}: {cause}"
+        )
+
+    @property
+    def rank(self) -> int:
+        return self.point.rank
+
+    @property
+    def coords(self) -> dict[str, int]:
+        return self.point.coords
+
+
+class ActorDiedError(MeshError):
+    """The actor died (or was unreachable) before it answered the call."""
+
+    def __init__(self, point: Point, method: str, detail: str) -> None:
+        self.point = point
+        self.method = method
+        super().__init__(
+            f"{method} on rank {point.rank} ({format_coords(point.coords)}): actor died: {detail}"
+        )
+
+    @property
+    def rank(self) -> int:
+        return self.point.rank
+
+    @property
+    def coords(self) -> dict[str, int]:
+        return self.point.coords
+
+
+class NoLiveActorsError(MeshError):
+    """`choose` has no live actor left in the (sub-)mesh to route to."""
+
+
+class MeshTimeoutError(MeshError, TimeoutError):
+    """A call set with `options(timeout=...)` did not finish in time."""

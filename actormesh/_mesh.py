@@ -1,0 +1,301 @@
+"""`ActorMesh[T]`: a group of Ray actors on named dims, its sub-mesh views, and its three verbs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Generic, TypeVar, cast
+
+import ray
+
+from . import _share
+from ._actor import Identity, hosted_class, method_def
+from ._balancer import ActorLoad, AffinityKeys, Balancer, BalancerSpec, make_scheduler
+from ._future import MeshFuture, Part, ValueMesh
+from ._method import CallOptions, MeshMethod
+from ._placement import Placed, Placement
+from ._router import Call, Router
+from ._shape import IndexKey, Point, Selection, Shape, ShapeLike
+
+T = TypeVar("T")
+
+
+class Loads(list[int]):
+    """In-flight calls per actor in rank order (a list of ints), with each actor's full load."""
+
+    def __init__(self, actors: Sequence[ActorLoad]) -> None:
+        super().__init__(a.in_flight for a in actors)
+        self.actors = list(actors)
+
+    @property
+    def alive(self) -> list[bool]:
+        return [a.alive for a in self.actors]
+
+
+@dataclasses.dataclass
+class _Root:
+    """What every view of one mesh shares: the actors, their router and the placement."""
+
+    cls: type[Any]
+    shape: Shape
+    router: Router
+    keys: AffinityKeys
+    external: bool
+    placed: Placed | None
+    label: str
+    shut: bool = False
+
+
+class ActorMesh(Generic[T]):
+    """A group of actors of class `T` laid out on named dims, called through `mesh.methods`.
+
+    `ActorMesh(Worker, shape={"dp": 2, "tp": 2}, args=(3,))` starts 4 actors. Index it
+    (`mesh[1, :]`, `mesh.slice(dp=0)`) for views over the same actors, and call
+    `mesh.methods.f.all(x)`, `.choose(x)` or `.shard(batch)`.
+    """
+
+    def __init__(
+        self,
+        actor_cls: type[T],
+        shape: ShapeLike = 1,
+        *,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        resources: Mapping[str, float] | None = None,
+        memory: int | None = None,
+        runtime_env: Mapping[str, Any] | None = None,
+        placement: Placement | None = None,
+        balancer: BalancerSpec = "pow2",
+        max_in_flight: int | None = None,
+        max_restarts: int = 0,
+        name: str | None = None,
+        on_restart: Callable[[ActorMesh[T]], object] | None = None,
+    ) -> None:
+        """Validate everything, then start one actor per point of `shape`.
+
+        `on_restart(view)` runs on the driver after a restarted actor answers again, with the
+        one-actor view of it (e.g. to make it rejoin a collective group), before `choose` routes
+        to it.
+        """
+        if not isinstance(actor_cls, type):
+            raise TypeError(f"ActorMesh needs a class, got {actor_cls!r}")
+        full = Shape.of(shape)
+        if placement is not None:
+            if not isinstance(placement, Placement):
+                raise TypeError(f"placement={placement!r}: must be an am.Placement")
+            placement.check(full.size)
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < -1:
+            raise ValueError(f"max_restarts={max_restarts!r}: must be an int >= -1 (-1: forever)")
+        keys = AffinityKeys()
+        scheduler = make_scheduler(full.size, balancer, max_in_flight, keys)
+        label = name or actor_cls.__name__
+
+        placed = Placed(placement) if placement is not None else None
+        options: dict[str, Any] = {"max_restarts": max_restarts}
+        for key, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus),
+                           ("resources", resources), ("memory", memory),
+                           ("runtime_env", runtime_env)):
+            if value is not None:
+                options[key] = dict(value) if isinstance(value, Mapping) else value
+        remote_cls = ray.remote(hosted_class(actor_cls))
+        handles = []
+        for rank in range(full.size):
+            per_actor = dict(options)
+            if placed is not None:
+                per_actor["scheduling_strategy"] = placed.strategy(rank)
+            if name is not None:
+                per_actor["name"] = f"{name}.{rank}"
+            identity = Identity(rank, full.dims, full.sizes)
+            handles.append(
+                remote_cls.options(**per_actor).remote(identity, *args, **(kwargs or {}))
+            )
+
+        def restart_hook(actor: int) -> None:
+            if on_restart is not None:
+                on_restart(self._subview(Selection(Shape({}), (actor,))))
+
+        router = Router(handles, full, scheduler, max_restarts=max_restarts,
+                        on_restart=restart_hook)
+        self._root = _Root(actor_cls, full, router, keys, isinstance(balancer, Balancer),
+                           placed, label)
+        self._init_view(full, tuple(range(full.size)))
+
+    # -- views --------------------------------------------------------------------------------
+    def _init_view(self, shape: Shape, actors: tuple[int, ...]) -> None:
+        self._shape = shape
+        self._actors = actors  # global actor index of each point of this view, in rank order
+        self._group = self._root.router.scheduler.add_group(list(actors))
+        local = {actor: rank for rank, actor in enumerate(actors)}
+        self._point_of: Callable[[int], Point] = lambda actor: Point(local[actor], shape)
+        self._methods = _Methods(self)
+
+    def _subview(self, selection: Selection) -> ActorMesh[T]:
+        view: ActorMesh[T] = object.__new__(ActorMesh)
+        view._root = self._root
+        view._init_view(selection.shape, tuple(self._actors[p] for p in selection.positions))
+        return view
+
+    def __getitem__(self, key: IndexKey) -> ActorMesh[T]:
+        """`mesh[1]`, `mesh[1, :]`, `mesh[:, 0]`, `mesh[0:2]`: a view; ints drop their dim."""
+        return self._subview(self._shape.select(key))
+
+    def slice(self, **dims: int | slice) -> ActorMesh[T]:
+        """`mesh.slice(dp=1)`, `mesh.slice(tp=slice(0, 1))`: a view selected by dim name."""
+        return self._subview(self._shape.select_dims(**dims))
+
+    # -- description ----------------------------------------------------------------------------
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return self._shape.dims
+
+    @property
+    def size(self) -> int:
+        return len(self._actors)
+
+    def __len__(self) -> int:
+        return len(self._actors)
+
+    @property
+    def actors(self) -> list[Any]:
+        """The Ray actor handles of this view, in rank order."""
+        handles = self._root.router.handles
+        return [handles[a] for a in self._actors]
+
+    @property
+    def points(self) -> list[Point]:
+        """Each actor's point in the whole mesh (its rank and coordinates), in this view's order."""
+        points = self._root.router.points
+        return [points[a] for a in self._actors]
+
+    @property
+    def methods(self) -> T:
+        """The actor class's methods as `MeshMethod`s: `mesh.methods.f.choose(x)`."""
+        return cast(T, self._methods)
+
+    def load(self) -> Loads:
+        """Calls in flight per actor of this view (rank order), with latency and liveness."""
+        scheduler = self._root.router.scheduler
+        in_flight, latency, alive = scheduler.in_flight(), scheduler.mean_latency_s(), scheduler.alive()
+        return Loads([
+            ActorLoad(rank, in_flight[a], latency[a], alive[a])
+            for rank, a in enumerate(self._actors)
+        ])
+
+    def __repr__(self) -> str:
+        return f"ActorMesh({self._root.label}, {self._shape})"
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until every actor of this view has finished `__init__` (raises if one failed)."""
+        refs = [h.__ray_ready__.remote() for h in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if len(ready) < len(refs):
+            raise TimeoutError(f"{self!r}: {len(refs) - len(ready)} actors not ready after {timeout} s")
+        ray.get(refs)
+
+    def shutdown(self) -> None:
+        """Kill every actor of the mesh (views share them) and release its placement group."""
+        root = self._root
+        if root.shut:
+            return
+        root.shut = True
+        root.router.close()
+        for handle in root.router.handles:
+            ray.kill(handle, no_restart=True)
+        if root.placed is not None:
+            root.placed.release()
+
+    def __enter__(self) -> ActorMesh[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- the verbs (called by MeshMethod) -------------------------------------------------------
+    def _call_all(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  options: CallOptions) -> MeshFuture[ValueMesh[Any]]:
+        shape, actors, router = self._shape, self._actors, self._root.router
+        args, kwargs = _share.share_args(args, kwargs, len(actors))
+        parts = [Part(Point(rank, shape)) for rank in range(len(actors))]
+        calls = [Call(name, args, kwargs, part, return_exceptions=options.return_exceptions)
+                 for part in parts]
+        for actor, call in zip(actors, calls):
+            router.send(actor, call)
+        label = f"{self._root.label}.{name}.all"
+        if options.timeout is not None:
+            router.expire_after(options.timeout, calls, label)
+        return MeshFuture(parts, lambda values: ValueMesh(shape, values), label,
+                          cancel=lambda: router.cancel(calls, _cancelled(label)))
+
+    def _call_choose(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     options: CallOptions) -> MeshFuture[Any]:
+        root = self._root
+        part = Part(None)
+        call = Call(name, args, kwargs, part, group=self._group, view=self._point_of,
+                    affinity=_affinity(root, options.affinity), retries=options.retries,
+                    return_exceptions=options.return_exceptions)
+        label = f"{root.label}.{name}.choose"
+        future: MeshFuture[Any] = MeshFuture(
+            (part,), None, label, cancel=lambda: root.router.cancel((call,), _cancelled(label)))
+        root.router.route(call)
+        if options.timeout is not None:
+            root.router.expire_after(options.timeout, (call,), label)
+        return future
+
+    def _call_shard(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    options: CallOptions) -> MeshFuture[Any]:
+        dispatch = options.dispatch
+        if dispatch is None:
+            raise TypeError(
+                f"{self._root.cls.__name__}.{name} has no dispatch for shard: decorate it with "
+                f"@am.method(dispatch=am.dispatch.split()) or call "
+                f"mesh.methods.{name}.options(dispatch=...).shard(...)"
+            )
+        shape, router = self._shape, self._root.router
+        plan = dispatch.split(shape, args, kwargs)
+        positions = _share.positions_of(plan, len(self._actors))
+        shared = _share.share_plan(plan)
+        parts = [Part(Point(p, shape)) for p in positions]
+        calls = [Call(name, *shared[p], part) for p, part in zip(positions, parts)]
+        for p, call in zip(positions, calls):
+            router.send(self._actors[p], call)
+        label = f"{self._root.label}.{name}.shard"
+        if options.timeout is not None:
+            router.expire_after(options.timeout, calls, label)
+        return MeshFuture(parts, lambda values: dispatch.collect(dict(zip(positions, values))),
+                          label, cancel=lambda: router.cancel(calls, _cancelled(label)))
+
+
+class _Methods:
+    """The run-time object behind `mesh.methods`: attribute access yields `MeshMethod`s."""
+
+    def __init__(self, mesh: ActorMesh[Any]) -> None:
+        self._mesh = mesh
+        self._cache: dict[str, MeshMethod[Any, Any]] = {}
+
+    def __getattr__(self, name: str) -> MeshMethod[Any, Any]:
+        cached = self._cache.get(name)
+        if cached is None:
+            definition = method_def(self._mesh._root.cls, name)
+            options = CallOptions(dispatch=definition.dispatch if definition else None)
+            cached = self._cache[name] = MeshMethod(self._mesh, name, options)
+        return cached
+
+    def __dir__(self) -> list[str]:
+        return [n for n in dir(self._mesh._root.cls) if not n.startswith("_")]
+
+
+def _affinity(root: _Root, key: Hashable | None) -> int | None:
+    return root.keys.hash(key, remember=root.external) if key is not None else None
+
+
+def _cancelled(label: str) -> BaseException:
+    import concurrent.futures as cf
+
+    return cf.CancelledError(f"{label} was cancelled")

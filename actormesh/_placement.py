@@ -1,0 +1,88 @@
+"""Placement: one actor per bundle of a placement group, ranks ordered so neighbours share a node."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the actors go: `bundles` for a new placement group, or an existing `placement_group`."""
+
+    bundles: Sequence[Mapping[str, float]] | None = None
+    strategy: Strategy = "PACK"
+    placement_group: PlacementGroup | None = None
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if (self.bundles is None) == (self.placement_group is None):
+            raise ValueError("am.Placement needs exactly one of bundles= or placement_group=")
+        if self.strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise ValueError(f"placement strategy {self.strategy!r}: unknown")
+
+    @property
+    def bundle_count(self) -> int:
+        if self.bundles is not None:
+            return len(self.bundles)
+        assert self.placement_group is not None
+        return len(self.placement_group.bundle_specs)
+
+    def check(self, size: int) -> None:
+        """Raise before anything starts if the bundles cannot hold one actor per rank."""
+        if self.bundle_count != size:
+            raise ValueError(
+                f"placement has {self.bundle_count} bundles but the mesh has {size} actors; "
+                "give one bundle per actor"
+            )
+
+
+class Placed:
+    """A ready placement group and, for each rank, the bundle index it runs in."""
+
+    def __init__(self, placement: Placement) -> None:
+        self.owned = placement.placement_group is None
+        if placement.placement_group is None:
+            assert placement.bundles is not None
+            pg = placement_group([dict(b) for b in placement.bundles], strategy=placement.strategy)
+        else:
+            pg = placement.placement_group
+        try:
+            ready = pg.wait(placement.timeout_s)
+        except Exception:
+            ready = False
+        if not ready:
+            if self.owned:
+                remove_placement_group(pg)
+            raise TimeoutError(
+                f"placement group with bundles {pg.bundle_specs} not ready after "
+                f"{placement.timeout_s} s: the cluster lacks the resources"
+            )
+        self.group = pg
+        self.bundle_of_rank = _rank_order(pg)
+
+    def strategy(self, rank: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.group,
+            placement_group_bundle_index=self.bundle_of_rank[rank],
+            placement_group_capture_child_tasks=True,
+        )
+
+    def release(self) -> None:
+        if self.owned:
+            remove_placement_group(self.group)
+
+
+def _rank_order(pg: PlacementGroup) -> list[int]:
+    """Bundles sorted by node, then by index: neighbouring ranks share a node."""
+    table: dict[str, Any] = ray.util.placement_group_table(pg)
+    node_of: Mapping[int, str] = table.get("bundles_to_node_id", {})
+    count = len(pg.bundle_specs)
+    return sorted(range(count), key=lambda b: (node_of.get(b, ""), b))

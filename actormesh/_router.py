@@ -1,0 +1,238 @@
+"""The call path: from a verb to a Ray actor call and back, keeping the native load table exact.
+
+Every call to an actor goes through `Router.send` (the caller picked the actor: `all`, `shard`)
+or `Router.route` (the native scheduler picks: `choose`). Either way the actor's in-flight count
+goes up when the call is sent and down in the call's completion callback, which fires once for
+every way a call ends: result, error, cancellation, actor death. Calls the scheduler queued (all
+candidates at `max_in_flight`) are sent from that callback as slots free, never by polling.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError as RayActorDiedError
+from ray.exceptions import RayActorError, RayError, RayTaskError, TaskCancelledError
+
+from . import _native, _timers
+from ._errors import ActorDiedError, ActorError, MeshError, MeshTimeoutError, NoLiveActorsError
+from ._future import Part
+from ._shape import Point, Shape
+
+_PROBE_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # then every 2 s
+
+
+class Call:
+    """One call to one actor: what to send, the part it resolves and, for `choose`, how to route."""
+
+    __slots__ = ("method", "args", "kwargs", "part", "group", "view", "affinity", "retries",
+                 "return_exceptions", "ticket")
+
+    def __init__(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], part: Part,
+                 *, group: int = -1, view: Callable[[int], Point] | None = None,
+                 affinity: int | None = None, retries: int = 0,
+                 return_exceptions: bool = False) -> None:
+        self.method = method
+        self.args = args
+        self.kwargs = kwargs
+        self.part = part
+        self.group = group  # the scheduler group `choose` routes in; -1 for a call sent directly
+        self.view = view  # actor index -> its point in the calling view, for `choose`
+        self.affinity = affinity
+        self.retries = retries
+        self.return_exceptions = return_exceptions
+        self.ticket = 0  # set while the call waits in the scheduler's queue
+
+
+class Router:
+    """Sends calls to the actors of one mesh (shared by all its views) and settles their parts."""
+
+    def __init__(self, handles: Sequence[Any], shape: Shape, scheduler: _native.Scheduler,
+                 *, max_restarts: int, on_restart: Callable[[int], None] | None) -> None:
+        self.handles = list(handles)
+        self.points = [Point(r, shape) for r in range(len(self.handles))]
+        self.scheduler = scheduler
+        self._max_restarts = max_restarts
+        self._on_restart = on_restart
+        self._remote: dict[tuple[int, str], Any] = {}
+        # Calls the scheduler queued, by ticket. A completion can drain a ticket before `route`
+        # has filed it; the lock (taken only on the queueing path) and `_early` close that race.
+        self._queued: dict[int, Call] = {}
+        self._early: dict[int, int] = {}
+        self._qlock = threading.Lock()
+        self._dead: set[int] = set()
+        self._deaths = [0] * len(self.handles)
+        self._closed = False
+
+    # -- sending ----------------------------------------------------------------------------
+    def send(self, actor: int, call: Call) -> None:
+        """Send `call` to `actor`, counting it in the load table whatever the slot limit."""
+        self.scheduler.acquire(actor)
+        self._send(actor, call)
+
+    def route(self, call: Call) -> None:
+        """Let the scheduler pick the actor for `call`, now or when a slot frees."""
+        if self._closed:
+            self._fail(call, MeshError("the mesh is shut down"))
+            return
+        try:
+            decision = self.scheduler.submit(call.group, call.affinity)
+        except RuntimeError as err:
+            self._fail(call, NoLiveActorsError(f"{call.method}: {err}"))
+            return
+        except ValueError as err:  # a Python Balancer returned a bad index
+            self._fail(call, err)
+            return
+        if decision.actor >= 0:
+            self._send(decision.actor, call)
+            return
+        call.ticket = decision.ticket
+        with self._qlock:
+            actor = self._early.pop(decision.ticket, None)
+            if actor is None:
+                self._queued[decision.ticket] = call
+                return
+        self._send(actor, call)
+
+    def _send(self, actor: int, call: Call) -> None:
+        call.ticket = 0
+        if call.view is not None:
+            call.part.point = call.view(actor)
+        remote = self._remote.get((actor, call.method))
+        if remote is None:
+            remote = self._remote[(actor, call.method)] = getattr(self.handles[actor], call.method)
+        started = time.perf_counter()
+        try:
+            ref = remote.remote(*call.args, **call.kwargs)
+        except Exception as err:  # e.g. an argument that cannot be serialised
+            self._finish(actor, call, started, err, failed=True)
+            return
+        call.part.ref = ref
+        ref._on_completed(lambda result: self._finish(actor, call, started, result))  # pyright: ignore[reportUnknownLambdaType]
+
+    def _dispatch(self, decisions: Sequence[_native.Decision]) -> None:
+        """Send the queued calls the scheduler has just given a slot."""
+        for decision in decisions:
+            with self._qlock:
+                call = self._queued.pop(decision.ticket, None)
+                if call is None:
+                    self._early[decision.ticket] = decision.actor
+                    continue
+            self._send(decision.actor, call)
+
+    # -- completion -------------------------------------------------------------------------
+    def _finish(self, actor: int, call: Call, started: float, result: Any,
+                failed: bool | None = None) -> None:
+        if failed is None:
+            failed = isinstance(result, RayError)
+        died = isinstance(result, RayActorError)
+        if died:
+            self._on_death(actor)
+        self._dispatch(self.scheduler.complete(actor, started, time.perf_counter(), not failed))
+        if died and call.retries > 0 and call.group >= 0:
+            call.retries -= 1
+            self.route(call)
+            return
+        if failed:
+            self._fail(call, self._error(actor, call.method, result))
+        else:
+            _settle(call.part.future, result, None)
+
+    def _fail(self, call: Call, error: BaseException) -> None:
+        if call.return_exceptions:
+            _settle(call.part.future, error, None)
+        else:
+            _settle(call.part.future, None, error)
+
+    def _error(self, actor: int, method: str, result: BaseException) -> BaseException:
+        point = self.points[actor]
+        if isinstance(result, RayActorError):
+            detail = str(result).strip().splitlines()[0] if str(result).strip() else "unreachable"
+            return ActorDiedError(point, method, detail)
+        if isinstance(result, TaskCancelledError):
+            return cf.CancelledError(f"{method} on rank {point.rank} was cancelled")
+        cause = result.cause if isinstance(result, RayTaskError) and result.cause else result
+        error = ActorError(point, method, cause)
+        error.__cause__ = cause
+        return error
+
+    # -- cancellation and timeouts ------------------------------------------------------------
+    def cancel(self, calls: Sequence[Call], error: BaseException) -> None:
+        """Drop the calls still queued, cancel the ones sent, and settle all with `error`."""
+        for call in calls:
+            if call.part.future.done():
+                continue
+            with self._qlock:
+                queued = self._queued.pop(call.ticket, None) if call.ticket else None
+            if queued is not None:
+                self.scheduler.cancel(queued.ticket)
+            elif call.part.ref is not None:
+                ray.cancel(call.part.ref)
+            self._fail(call, error)
+
+    def expire_after(self, timeout_s: float, calls: Sequence[Call], label: str) -> None:
+        error = MeshTimeoutError(f"{label} did not finish within timeout={timeout_s} s")
+        _timers.call_later(timeout_s, lambda: self.cancel(calls, error))
+
+    # -- failures and restarts ----------------------------------------------------------------
+    def _on_death(self, actor: int) -> None:
+        with self._qlock:
+            if actor in self._dead:
+                return
+            self._dead.add(actor)
+            self._deaths[actor] += 1
+            orphans = [self._queued.pop(t) for t in self.scheduler.mark_dead(actor)
+                       if t in self._queued]
+        for call in orphans:
+            self._fail(call, NoLiveActorsError(f"{call.method}: every candidate actor died"))
+        if self._max_restarts < 0 or self._deaths[actor] <= self._max_restarts:
+            self._probe(actor, 0)
+
+    def _probe(self, actor: int, attempt: int) -> None:
+        """Wait for a restarting actor to answer; then route to it again."""
+        if self._closed:
+            return
+        ref = self.handles[actor].__ray_ready__.remote()
+        ref._on_completed(lambda result: self._probed(actor, attempt, result))  # pyright: ignore[reportUnknownLambdaType]
+
+    def _probed(self, actor: int, attempt: int, result: Any) -> None:
+        if isinstance(result, RayError):
+            if isinstance(result, RayActorDiedError) and "permanently" in str(result).lower():
+                return
+            delay = _PROBE_DELAYS_S[min(attempt, len(_PROBE_DELAYS_S) - 1)]
+            _timers.call_later(delay, lambda: self._probe(actor, attempt + 1))
+            return
+        if self._on_restart is not None:
+            self._on_restart(actor)
+        with self._qlock:
+            self._dead.discard(actor)
+        self._dispatch(self.scheduler.mark_alive(actor))
+
+    def is_dead(self, actor: int) -> bool:
+        return actor in self._dead
+
+    def close(self) -> None:
+        """Fail every queued call; later calls fail at once."""
+        self._closed = True
+        with self._qlock:
+            calls = list(self._queued.values())
+            self._queued.clear()
+        for call in calls:
+            self.scheduler.cancel(call.ticket)
+            self._fail(call, MeshError("the mesh was shut down before this call was sent"))
+
+
+def _settle(future: cf.Future[Any], value: Any, error: BaseException | None) -> None:
+    """Resolve a part once; a second outcome (a late result after a timeout) is dropped."""
+    try:
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+    except cf.InvalidStateError:
+        pass

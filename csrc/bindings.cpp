@@ -1,0 +1,257 @@
+// The Python face of the scheduler: the only file that knows about Python.
+// nanobind_add_module adds nanobind's headers as ordinary includes, and they trip -Wshadow;
+// silence that one warning for them only, our own code stays under -Werror.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+#pragma GCC diagnostic pop
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "bench.hpp"
+#include "scheduler.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using actormesh::Candidates;
+using actormesh::Decision;
+using actormesh::Drain;
+using actormesh::Picker;
+using actormesh::Scheduler;
+using actormesh::SchedulerConfig;
+
+namespace {
+
+// actormesh._native.PickerError; the module holds the reference.
+PyObject* picker_error_type = nullptr;
+
+// Runs `work` under the scheduler's mutex with the GIL rule for its policy. Built-in policies do
+// tens of nanoseconds of work under a mutex that is then never contended (every caller holds the
+// GIL), so the GIL stays held. With a Python picker the GIL is released before the mutex is taken:
+// the thread inside the scheduler re-acquires the GIL to call the picker, and a thread waiting for
+// the mutex while holding the GIL would deadlock it.
+template <typename Work>
+auto with_gil_rule(const Scheduler& scheduler, Work&& work) -> decltype(work()) {
+  if (!scheduler.uses_picker()) return work();
+  nb::gil_scoped_release release;
+  return work();
+}
+
+// Affinity keys are 64-bit hashes: a signed `hash()` or an unsigned digest, both accepted.
+std::optional<uint64_t> affinity_key(nb::handle key) {
+  if (key.is_none()) return std::nullopt;
+  int64_t signed_key;
+  if (nb::try_cast(key, signed_key)) return static_cast<uint64_t>(signed_key);
+  uint64_t unsigned_key;
+  if (nb::try_cast(key, unsigned_key)) return unsigned_key;
+  const std::string message = "affinity " + std::string(nb::repr(key).c_str()) +
+                              ": expected None or an int in [-2**63, 2**64)";
+  throw nb::type_error(message.c_str());
+}
+
+// The Python picker, shared by the core's callback and the Python object so that the garbage
+// collector can see it: a picker that refers back to its scheduler (a bound method of the mesh
+// that owns it) forms a cycle that must stay collectable.
+using PickerRef = std::shared_ptr<nb::object>;
+
+// Calls the Python picker with the GIL held. Errors are raised as Python exceptions so that the
+// scheduler can carry them across a drain unchanged; the index itself is validated by the core.
+Picker wrap_picker(PickerRef picker) {
+  return [picker = std::move(picker)](const Candidates& c) -> int64_t {
+    nb::gil_scoped_acquire gil;
+    if (!picker->is_valid()) {
+      PyErr_SetString(PyExc_RuntimeError, "picker called on a scheduler being collected");
+      throw nb::python_error();
+    }
+    nb::object affinity = c.affinity ? nb::cast(*c.affinity) : nb::none();
+    nb::object result = (*picker)(nb::cast(c.ranks), nb::cast(c.in_flight),
+                                  nb::cast(c.mean_latency_s), affinity);
+    int64_t index;
+    if (!nb::try_cast(result, index)) {
+      const std::string message = "picker returned " + std::string(nb::repr(result).c_str()) +
+                                  ", expected an int index into the candidates";
+      PyErr_SetString(PyExc_TypeError, message.c_str());
+      throw nb::python_error();
+    }
+    return index;
+  };
+}
+
+// The Python-facing scheduler: the core plus the picker reference for the garbage collector.
+struct PyScheduler : Scheduler {
+  PyScheduler(SchedulerConfig config, PickerRef picker_ref)
+      : Scheduler(std::move(config)), picker(std::move(picker_ref)) {}
+  PickerRef picker;  // null without a picker
+};
+
+int scheduler_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;  // __init__ has not finished
+  const PyScheduler* scheduler = nb::inst_ptr<PyScheduler>(self);
+  if (scheduler->picker) Py_VISIT(scheduler->picker->ptr());
+  return 0;
+}
+
+int scheduler_clear(PyObject* self) {
+  PyScheduler* scheduler = nb::inst_ptr<PyScheduler>(self);
+  if (scheduler->picker) scheduler->picker->reset();
+  return 0;
+}
+
+PyType_Slot scheduler_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(scheduler_traverse)},
+                                 {Py_tp_clear, reinterpret_cast<void*>(scheduler_clear)},
+                                 {0, nullptr}};
+
+// The exception a failed pick left in a drain, as a Python exception object.
+nb::object python_exception(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (nb::python_error& e) {
+    return nb::borrow(e.value());
+  } catch (const std::invalid_argument& e) {
+    return nb::handle(PyExc_ValueError)(e.what());
+  } catch (const std::exception& e) {
+    return nb::handle(PyExc_RuntimeError)(e.what());
+  }
+}
+
+// Hands a drain's dispatches to Python. When the picker failed on queued calls, nothing is lost:
+// PickerError carries `dispatched` (calls to run, as if returned) and `failed` (tickets removed
+// from their queue, to fail), with the picker's exception as __cause__.
+std::vector<Decision> finish(Drain&& drain) {
+  if (drain.failed.empty()) return std::move(drain.dispatched);
+  nb::object cause = python_exception(drain.error);
+  const std::string message =
+      "picker failed on " + std::to_string(drain.failed.size()) + " queued call(s) (" +
+      std::string(nb::str(cause.type().attr("__name__")).c_str()) + ": " +
+      std::string(nb::str(cause).c_str()) + "); see .failed and .dispatched";
+  nb::object error = nb::handle(picker_error_type)(message);
+  error.attr("dispatched") = nb::cast(std::move(drain.dispatched));
+  error.attr("failed") = nb::cast(std::move(drain.failed));
+  PyException_SetCause(error.ptr(), cause.release().ptr());
+  PyErr_SetObject(picker_error_type, error.ptr());
+  throw nb::python_error();
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  m.doc() = "The native scheduler behind ActorMesh.choose (see csrc/API.md).";
+
+  nb::exception<actormesh::NoLiveActors>(m, "NoLiveActors", PyExc_RuntimeError);
+  picker_error_type = PyErr_NewExceptionWithDoc(
+      "actormesh._native.PickerError",
+      "An external picker raised while queued calls were being dispatched. `dispatched` lists the "
+      "calls that were dispatched anyway (run them), `failed` the tickets that were taken out of "
+      "their queue (fail them); __cause__ is the picker's exception.",
+      PyExc_RuntimeError, nullptr);
+  m.attr("PickerError") = nb::steal(picker_error_type);
+
+  nb::class_<Decision>(m, "Decision", "Where one call goes: `actor` -1 means it was queued.")
+      .def(
+          "__init__",
+          [](Decision* self, uint64_t ticket, int32_t actor) { new (self) Decision{ticket, actor}; },
+          "ticket"_a, "actor"_a)
+      .def_ro("ticket", &Decision::ticket)
+      .def_ro("actor", &Decision::actor)
+      .def("__repr__", [](const Decision& d) {
+        return "Decision(ticket=" + std::to_string(d.ticket) +
+               ", actor=" + std::to_string(d.actor) + ")";
+      });
+
+  nb::class_<PyScheduler>(m, "Scheduler", "Which actor of a mesh gets each call (see csrc/API.md).",
+                          nb::type_slots(scheduler_slots))
+      .def(
+          "__init__",
+          [](PyScheduler* self, int64_t num_actors, std::string policy, int64_t max_in_flight,
+             uint64_t seed, double ewma_alpha, double prior_s, int64_t affinity_abs,
+             double affinity_rel, int64_t affinity_capacity,
+             std::optional<nb::callable> picker) {
+            SchedulerConfig config;
+            config.num_actors = num_actors;
+            config.policy = std::move(policy);
+            config.max_in_flight = max_in_flight;
+            config.seed = seed;
+            config.ewma_alpha = ewma_alpha;
+            config.prior_s = prior_s;
+            config.affinity_abs = affinity_abs;
+            config.affinity_rel = affinity_rel;
+            config.affinity_capacity = affinity_capacity;
+            PickerRef picker_ref;
+            if (picker) {
+              picker_ref = std::make_shared<nb::object>(std::move(*picker));
+              config.picker = wrap_picker(picker_ref);
+            }
+            new (self) PyScheduler(std::move(config), std::move(picker_ref));
+          },
+          "num_actors"_a, "policy"_a = "pow2", nb::kw_only(), "max_in_flight"_a = 0,
+          "seed"_a = 0, "ewma_alpha"_a = 0.2, "prior_s"_a = 0.0, "affinity_abs"_a = 2,
+          "affinity_rel"_a = 1.5, "affinity_capacity"_a = 65536, "picker"_a = nb::none())
+      .def(
+          "add_group",
+          [](PyScheduler& s, const std::vector<int64_t>& members) {
+            return with_gil_rule(s, [&] { return s.add_group(members); });
+          },
+          "members"_a)
+      .def(
+          "group_members",
+          [](PyScheduler& s, int64_t group) {
+            return with_gil_rule(s, [&] { return s.group_members(group); });
+          },
+          "group"_a)
+      .def(
+          "submit",
+          [](PyScheduler& s, int64_t group, nb::handle affinity) {
+            const std::optional<uint64_t> key = affinity_key(affinity);
+            return with_gil_rule(s, [&] { return s.submit(group, key); });
+          },
+          "group"_a, "affinity"_a = nb::none(),
+          nb::sig("def submit(self, group: int, affinity: int | None = None) -> Decision"))
+      .def(
+          "complete",
+          [](PyScheduler& s, int64_t actor, double started_s, double ended_s, bool ok) {
+            return finish(
+                with_gil_rule(s, [&] { return s.complete(actor, started_s, ended_s, ok); }));
+          },
+          "actor"_a, "started_s"_a, "ended_s"_a, "ok"_a)
+      .def(
+          "acquire",
+          [](PyScheduler& s, int64_t actor) { with_gil_rule(s, [&] { s.acquire(actor); }); },
+          "actor"_a)
+      .def(
+          "cancel",
+          [](PyScheduler& s, uint64_t ticket) {
+            return with_gil_rule(s, [&] { return s.cancel(ticket); });
+          },
+          "ticket"_a)
+      .def(
+          "mark_dead",
+          [](PyScheduler& s, int64_t actor) {
+            return with_gil_rule(s, [&] { return s.mark_dead(actor); });
+          },
+          "actor"_a)
+      .def(
+          "mark_alive",
+          [](PyScheduler& s, int64_t actor) {
+            return finish(with_gil_rule(s, [&] { return s.mark_alive(actor); }));
+          },
+          "actor"_a)
+      .def("in_flight",
+           [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.in_flight(); }); })
+      .def("mean_latency_s",
+           [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.mean_latency_s(); }); })
+      .def("alive", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.alive(); }); })
+      .def("queued", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.queued(); }); })
+      .def_prop_ro("num_actors", [](const PyScheduler& s) { return s.num_actors(); })
+      .def_prop_ro("policy", [](const PyScheduler& s) { return s.policy(); })
+      .def_prop_ro("max_in_flight", [](const PyScheduler& s) { return s.max_in_flight(); });
+
+  m.def("measure_decision_ns", &actormesh::measure_decision_ns, "policy"_a, "num_actors"_a,
+        "decisions"_a, "seed"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
+        "Nanoseconds per submit + complete pair in a C++ loop, ~num_actors/2 calls in flight.");
+}

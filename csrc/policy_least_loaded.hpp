@@ -1,0 +1,32 @@
+// `least_loaded` (join the shortest queue) and `pull` (the same over single free slots).
+#pragma once
+
+#include "indexed_heap.hpp"
+#include "policy.hpp"
+
+namespace actormesh {
+
+// The eligible member with the fewest calls in flight, lowest rank on ties, from a heap that
+// holds eligible members only: O(log N) per load change, O(1) per pick. `pull` is this policy
+// with max_in_flight defaulting to 1, so the group's FIFO queue is the central queue and a call
+// leaves it only when an actor frees its slot.
+class LeastLoadedPolicy final : public Policy {
+ public:
+  explicit LeastLoadedPolicy(uint32_t size) : heap_(size) {}
+
+  void update(const LoadTable& loads, uint32_t pos, uint32_t actor, bool,
+              bool eligible) override {
+    if (eligible) {
+      heap_.set(pos, loads[actor].in_flight);
+    } else {
+      heap_.erase(pos);
+    }
+  }
+
+  uint32_t pick(const PickContext&) override { return heap_.top().pos; }
+
+ private:
+  IndexedHeap<uint32_t> heap_;
+};
+
+}  // namespace actormesh

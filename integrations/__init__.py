@@ -1,0 +1,1 @@
+"""Integrations built on the core ActorMesh: installed as `actormesh.integrations`."""

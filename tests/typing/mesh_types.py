@@ -1,0 +1,97 @@
+"""Checked by pyright and mypy (`make typecheck`), never run.
+
+Each `assert_type` must hold. Each line marked `# type: ignore[...]` MUST be rejected: with
+unused-ignore reporting on in both checkers, a line that type-checks fails the check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any
+
+from typing_extensions import assert_type
+
+import actormesh as am
+
+
+class Worker:
+    def __init__(self, scale: int) -> None:
+        self.scale = scale
+
+    @am.method
+    def f(self, x: int) -> int:
+        return x * self.scale
+
+    @am.method
+    async def g(self, x: int) -> str:
+        return str(x)
+
+    @am.method(dispatch=am.dispatch.split())
+    def process(self, xs: list[int], y: int) -> list[int]:
+        return [x + y for x in xs]
+
+    @am.method()
+    def named(self, *, key: str, n: int = 1) -> bytes:
+        return key.encode() * n
+
+    @am.method
+    def inside(self) -> int:
+        assert_type(self.f(1), int)  # a direct call inside the actor is a plain call
+        return self.f(2) + 1
+
+    @am.method
+    async def inside_async(self) -> str:
+        coroutine = self.g(1)
+        _ = assert_type(coroutine, Coroutine[Any, Any, str])
+        return await coroutine
+
+    def plain(self) -> None: ...
+
+
+mesh = am.ActorMesh(Worker, shape={"dp": 2, "tp": 2}, args=(3,), num_cpus=0.5)
+assert_type(mesh, am.ActorMesh[Worker])
+assert_type(mesh[1, :], am.ActorMesh[Worker])
+assert_type(mesh.slice(dp=0), am.ActorMesh[Worker])
+assert_type(mesh.shape, am.Shape)
+
+# The verbs keep the method's parameters and result.
+assert_type(mesh.methods.f.all(1), am.MeshFuture[am.ValueMesh[int]])
+assert_type(mesh.methods.f.choose(1), am.MeshFuture[int])
+assert_type(mesh.methods.f.choose(x=1).get(), int)
+assert_type(mesh.methods.process.shard([1, 2, 3], 5), am.MeshFuture[list[int]])
+assert_type(mesh.methods.named.choose(key="a").get(timeout=1.0), bytes)
+assert_type(mesh.methods.f.options(affinity="s", timeout=2.0, retries=1).choose(1), am.MeshFuture[int])
+assert_type(mesh.methods.f.all(1).get()[0, 1], int)
+assert_type(mesh.methods.f.all(1).get().item(dp=0, tp=1), int)
+
+# Async methods yield the awaited type.
+assert_type(mesh.methods.g.all(1), am.MeshFuture[am.ValueMesh[str]])
+assert_type(mesh.methods.g.choose(1).get(), str)
+
+# A MeshMethod is what the contract names.
+m: am.MeshMethod[[int], int] = mesh.methods.f
+for point, value in mesh.methods.f.all(1).as_completed():
+    assert_type(point, am.Point)
+    assert_type(value, int)
+
+
+async def awaited() -> None:
+    assert_type(await mesh.methods.f.choose(1), int)
+    assert_type(await mesh.methods.g.choose(1), str)
+    async for point, text in mesh.methods.g.all(1):
+        assert_type(point, am.Point)
+        assert_type(text, str)
+
+
+# Lines that MUST be rejected.
+mesh.methods.f.all("x")  # type: ignore[arg-type]
+mesh.methods.f.choose(1, 2)  # type: ignore[call-arg]
+mesh.methods.f.choose(y=1)  # type: ignore[call-arg]
+mesh.methods.process.shard("abc", 5)  # type: ignore[arg-type]
+mesh.methods.named.choose("a")  # type: ignore[call-arg]
+bad_result: str = mesh.methods.f.choose(1).get()  # type: ignore[assignment]
+bad_async: int = mesh.methods.g.choose(1).get()  # type: ignore[assignment]
+mesh.methods.nope.choose()  # type: ignore[attr-defined]
+mesh.methods.plain.choose()  # type: ignore[attr-defined]
+am.ActorMesh(Worker, shape=2, balancer=3)  # type: ignore[arg-type]
+mesh.methods.f.options(retries="many")  # type: ignore[arg-type]
