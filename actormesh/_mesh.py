@@ -258,9 +258,9 @@ class ActorMesh(Generic[T]):
                 f"mesh.methods.{name}.options(dispatch=...).shard(...)"
             )
         shape, router = self._shape, self._root.router
-        plan = dispatch.split(shape, args, kwargs)
-        positions = _share.positions_of(plan, len(self._actors))
-        shared = _share.share_plan(plan)
+        plan = dispatch.plan(shape, args, kwargs)  # checks positions before anything is sent
+        positions = sorted(plan.calls)
+        shared = _share.share_plan(plan.calls)
         parts = [Part(Point(p, shape)) for p in positions]
         calls = [Call(name, *shared[p], part) for p, part in zip(positions, parts)]
         for p, call in zip(positions, calls):
@@ -268,7 +268,7 @@ class ActorMesh(Generic[T]):
         label = f"{self._root.label}.{name}.shard"
         if options.timeout is not None:
             router.expire_after(options.timeout, calls, label)
-        return MeshFuture(parts, lambda values: dispatch.collect(dict(zip(positions, values))),
+        return MeshFuture(parts, lambda values: plan.collect(dict(zip(positions, values))),
                           label, cancel=lambda: router.cancel(calls, _cancelled(label)))
 
 

@@ -8,7 +8,7 @@ Arguments are matched by identity, so a dispatch shares a chunk by passing the s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -66,10 +66,3 @@ def share_plan(plan: Plan) -> dict[int, tuple[tuple[Any, ...], dict[str, Any]]]:
         for pos, (args, kwargs) in plan.items()
     }
 
-
-def positions_of(plan: Plan, size: int) -> Sequence[int]:
-    """The positions a dispatch chose, sorted, after checking each is a position of the mesh."""
-    for pos in plan:
-        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos < size:
-            raise ValueError(f"dispatch chose position {pos!r}; the mesh has positions 0..{size - 1}")
-    return sorted(plan)

@@ -39,6 +39,20 @@ class Worker:
         return [2 * x for x in xs]
 
     @am.method
+    def tag(self, xs: Any) -> list[tuple[int, int]]:
+        """One (rank, row) pair per input row."""
+        return [(am.current_rank().rank, int(x)) for x in xs]
+
+    @am.method
+    def lengths(self, xs: Any, *extra: Any) -> list[int]:
+        """The length of each argument received."""
+        return [len(xs), *(len(e) for e in extra)]
+
+    @am.method
+    def scaled(self, xs: Any, factor: float = 1.0) -> Any:
+        return xs * factor
+
+    @am.method
     def rank(self) -> int:
         return am.current_rank().rank
 
