@@ -4,14 +4,24 @@ Ray sees a subclass of the user's class in which every `@am.method` is a plain f
 whose `__init__` takes the actor's identity first: it sets the environment and `current_rank()`
 before the user's `__init__` runs. Ray re-runs `__init__` with the same arguments on a restart, so
 a restarted actor comes back with the same rank, coordinates and environment.
+
+The subclass also has `WATCH`, a call that never returns: the driver keeps one pending per actor
+and learns of the actor's death the moment Ray fails it, even when no user call is in flight.
+It runs in a concurrency group of its own, so a synchronous actor still serves one call at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import os
-from typing import Any
+import threading
+from collections.abc import Hashable
+from typing import Any, cast
+
+import ray
+from ray._private.async_compat import has_async_methods
 
 from ._method import MethodDef
 from ._shape import Point, Shape, format_coords, parse_coords
@@ -61,8 +71,12 @@ def _enter_mesh(identity: Identity) -> None:
     _current = identity.point
 
 
-def hosted_class(cls: type[Any]) -> type[Any]:
-    """The subclass of `cls` that Ray hosts for a mesh (see the module docstring)."""
+WATCH = "_actormesh_watch"
+_WATCH_GROUP = "_actormesh_watch"
+
+
+def remote_class(cls: type[Any]) -> Any:
+    """The Ray actor class hosting `cls` in a mesh (see the module docstring)."""
     namespace: dict[str, Any] = {
         name: attr.fn
         for name, attr in inspect.getmembers(cls)
@@ -75,7 +89,19 @@ def hosted_class(cls: type[Any]) -> type[Any]:
 
     namespace["__init__"] = __init__
     namespace["__doc__"] = cls.__doc__
-    return type(cls.__name__, (cls,), namespace)
+    if has_async_methods(cast(Hashable, cls)):
+        async def watch_async(self: Any) -> None:
+            await asyncio.Event().wait()
+
+        namespace[WATCH] = watch_async
+        return ray.remote(type(cls.__name__, (cls,), namespace))
+
+    def watch(self: Any) -> None:
+        threading.Event().wait()
+
+    namespace[WATCH] = ray.method(concurrency_group=_WATCH_GROUP)(watch)
+    options: dict[str, Any] = {"concurrency_groups": {_WATCH_GROUP: 1}}
+    return ray.remote(**options)(type(cls.__name__, (cls,), namespace))
 
 
 def method_def(cls: type[Any], name: str) -> MethodDef[Any, Any] | None:

@@ -9,7 +9,7 @@ from typing import Any, Generic, TypeVar, cast
 import ray
 
 from . import _share
-from ._actor import Identity, hosted_class, method_def
+from ._actor import Identity, method_def, remote_class
 from ._balancer import ActorLoad, AffinityKeys, Balancer, BalancerSpec, make_scheduler
 from ._future import MeshFuture, Part, ValueMesh
 from ._method import CallOptions, MeshMethod
@@ -99,18 +99,23 @@ class ActorMesh(Generic[T]):
                            ("runtime_env", runtime_env)):
             if value is not None:
                 options[key] = dict(value) if isinstance(value, Mapping) else value
-        remote_cls = ray.remote(hosted_class(actor_cls))
-        handles = []
-        for rank in range(full.size):
-            per_actor = dict(options)
+        remote_cls = remote_class(actor_cls)
+        handles: list[Any] = []
+        try:
+            for rank in range(full.size):
+                per_actor = placed.actor_options(rank, options) if placed else dict(options)
+                if name is not None:
+                    per_actor["name"] = f"{name}.{rank}"
+                identity = Identity(rank, full.dims, full.sizes)
+                handles.append(
+                    remote_cls.options(**per_actor).remote(identity, *args, **(kwargs or {}))
+                )
+        except BaseException:  # Ray refused an actor: leave nothing behind
+            for handle in handles:
+                ray.kill(handle, no_restart=True)
             if placed is not None:
-                per_actor["scheduling_strategy"] = placed.strategy(rank)
-            if name is not None:
-                per_actor["name"] = f"{name}.{rank}"
-            identity = Identity(rank, full.dims, full.sizes)
-            handles.append(
-                remote_cls.options(**per_actor).remote(identity, *args, **(kwargs or {}))
-            )
+                placed.release()
+            raise
 
         def restart_hook(actor: int) -> None:
             if on_restart is not None:
@@ -118,6 +123,8 @@ class ActorMesh(Generic[T]):
 
         router = Router(handles, full, scheduler, max_restarts=max_restarts,
                         on_restart=restart_hook)
+        for actor in range(full.size):
+            router.watch(actor)
         self._root = _Root(actor_cls, full, router, keys, isinstance(balancer, Balancer),
                            placed, label)
         self._init_view(full, tuple(range(full.size)))

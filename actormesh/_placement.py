@@ -68,12 +68,20 @@ class Placed:
         self.group = pg
         self.bundle_of_rank = _rank_order(pg)
 
-    def strategy(self, rank: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(
+    def actor_options(self, rank: int, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Ray options for rank's actor: its bundle, and by default the bundle's CPUs and GPUs."""
+        bundle = self.group.bundle_specs[self.bundle_of_rank[rank]]
+        placed = dict(options)
+        if placed.get("num_cpus") is None:
+            placed["num_cpus"] = bundle.get("CPU", 0)
+        if placed.get("num_gpus") is None and "GPU" in bundle:
+            placed["num_gpus"] = bundle["GPU"]
+        placed["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             placement_group=self.group,
             placement_group_bundle_index=self.bundle_of_rank[rank],
             placement_group_capture_child_tasks=True,
         )
+        return placed
 
     def release(self) -> None:
         if self.owned:

@@ -20,6 +20,7 @@ from ray.exceptions import ActorDiedError as RayActorDiedError
 from ray.exceptions import RayActorError, RayError, RayTaskError, TaskCancelledError
 
 from . import _native, _timers
+from ._actor import WATCH
 from ._errors import ActorDiedError, ActorError, MeshError, MeshTimeoutError, NoLiveActorsError
 from ._future import Part
 from ._shape import Point, Shape
@@ -180,6 +181,15 @@ class Router:
         _timers.call_later(timeout_s, lambda: self.cancel(calls, error))
 
     # -- failures and restarts ----------------------------------------------------------------
+    def watch(self, actor: int) -> None:
+        """Keep a never-returning call pending on `actor`: its failure is the death notice."""
+        ref = getattr(self.handles[actor], WATCH).remote()
+        ref._on_completed(lambda result: self._watched(actor, result))  # pyright: ignore[reportUnknownLambdaType]
+
+    def _watched(self, actor: int, result: Any) -> None:
+        if not self._closed and isinstance(result, RayActorError):
+            self._on_death(actor)
+
     def _on_death(self, actor: int) -> None:
         with self._qlock:
             if actor in self._dead:
@@ -211,6 +221,7 @@ class Router:
             self._on_restart(actor)
         with self._qlock:
             self._dead.discard(actor)
+        self.watch(actor)
         self._dispatch(self.scheduler.mark_alive(actor))
 
     def is_dead(self, actor: int) -> bool:
