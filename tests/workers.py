@@ -81,6 +81,12 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    @am.method
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def undecorated(self, x: int) -> int:
         return -x
 
