@@ -1,0 +1,112 @@
+"""`choose` through the native balancer on a real cluster: slots, policies, affinity, plug-ins."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Iterator, Sequence
+
+import pytest
+from workers import Worker
+
+import actormesh as am
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+@pytest.fixture(scope="module")
+def pair(ray_cluster: None) -> Iterator[am.ActorMesh[Worker]]:
+    """Two actors, at most one call each in flight: extra calls wait in the native queue."""
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, max_in_flight=1) as mesh:
+        mesh.wait_ready(60)
+        yield mesh
+
+
+def test_calls_beyond_max_in_flight_wait_and_are_sent_as_slots_free(
+    pair: am.ActorMesh[Worker],
+) -> None:
+    futures = []
+    for i in range(20):
+        futures.append(pair.methods.sleep.choose(0.01))
+        assert max(pair.load()) <= 1
+    assert sorted(Counter(f.get(timeout=60) for f in futures).values()) == [10, 10]
+    assert pair.load() == [0, 0]
+
+
+def test_a_queued_call_can_be_cancelled(pair: am.ActorMesh[Worker]) -> None:
+    busy = [pair.methods.sleep.choose(0.5) for _ in range(2)]
+    waiting = pair.methods.rank.choose()
+    waiting.cancel()
+    with pytest.raises(Exception, match="cancelled"):
+        waiting.get(timeout=60)
+    for future in busy:
+        future.get(timeout=60)
+    assert pair.load() == [0, 0]
+
+
+def test_a_queued_call_times_out_without_leaking_a_slot(pair: am.ActorMesh[Worker]) -> None:
+    busy = [pair.methods.sleep.choose(0.5) for _ in range(2)]
+    late = pair.methods.rank.options(timeout=0.05).choose()
+    with pytest.raises(am.MeshTimeoutError):
+        late.get(timeout=60)
+    for future in busy:
+        future.get(timeout=60)
+    assert pair.load() == [0, 0]
+    assert pair.methods.rank.choose().get(timeout=60) in (0, 1)
+
+
+@pytest.mark.parametrize("policy", ["pull", "sed", "least_loaded"])
+def test_load_aware_policies_keep_calls_off_a_busy_actor(policy: str) -> None:
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=policy) as mesh:  # type: ignore[arg-type]
+        mesh.wait_ready(60)
+        stuck = mesh[0].methods.sleep.choose(1.0)
+        picks = [mesh.methods.rank.choose().get(timeout=60) for _ in range(10)]
+        assert picks == [1] * 10
+        stuck.get(timeout=60)
+
+
+def test_affinity_sticks_to_the_actor_that_served_the_key() -> None:
+    with am.ActorMesh(Worker, shape=4, num_cpus=0.1) as mesh:
+        sticky = mesh.methods.rank.options(affinity="session-7")
+        first = sticky.choose().get(timeout=60)
+        assert [sticky.choose().get(timeout=60) for _ in range(10)] == [first] * 10
+
+
+def test_affinity_escapes_an_overloaded_actor() -> None:
+    policy = am.Policy("pow2", affinity_abs=1, affinity_rel=1.0)
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=policy) as mesh:
+        sticky = mesh.methods.sleep.options(affinity="k")
+        home = sticky.choose(0).get(timeout=60)
+        blockers = [mesh[home].methods.sleep.choose(0.5) for _ in range(3)]
+        assert sticky.choose(0).get(timeout=60) == 1 - home
+        for future in blockers:
+            future.get(timeout=60)
+
+
+class LastCandidate(am.Balancer):
+    """Always the last candidate; records what it was shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[list[int], Hashable | None]] = []
+
+    def pick(self, loads: Sequence[am.ActorLoad], affinity: Hashable | None) -> int:
+        self.seen.append(([load.rank for load in loads], affinity))
+        return len(loads) - 1
+
+
+def test_a_python_balancer_picks_among_the_live_candidates() -> None:
+    balancer = LastCandidate()
+    with am.ActorMesh(Worker, shape=3, num_cpus=0.1, balancer=balancer) as mesh:
+        assert mesh.methods.rank.options(affinity=("user", 1)).choose().get(timeout=60) == 2
+        assert mesh[0:2].methods.rank.choose().get(timeout=60) == 1
+        assert balancer.seen == [([0, 1, 2], ("user", 1)), ([0, 1], None)]
+
+
+def test_a_python_balancer_returning_a_bad_index_fails_the_call_clearly() -> None:
+    class Broken(am.Balancer):
+        def pick(self, loads: Sequence[am.ActorLoad], affinity: Hashable | None) -> int:
+            return 9
+
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=Broken()) as mesh:
+        with pytest.raises(ValueError, match="9"):
+            mesh.methods.rank.choose().get(timeout=60)
+        assert mesh.load() == [0, 0]
