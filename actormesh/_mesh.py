@@ -11,6 +11,7 @@ import ray
 from . import _share
 from ._actor import Identity, method_def, remote_class
 from ._balancer import ActorLoad, AffinityKeys, Balancer, BalancerSpec, make_scheduler
+from ._errors import MeshError
 from ._future import MeshFuture, Part, ValueMesh
 from ._method import CallOptions, MeshMethod
 from ._placement import Placed, Placement
@@ -225,8 +226,13 @@ class ActorMesh(Generic[T]):
         self.shutdown()
 
     # -- the verbs (called by MeshMethod) -------------------------------------------------------
+    def _check_open(self, name: str) -> None:
+        if self._root.shut:
+            raise MeshError(f"{self._root.label}.{name}: the mesh is shut down")
+
     def _call_all(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                   options: CallOptions) -> MeshFuture[ValueMesh[Any]]:
+        self._check_open(name)
         shape, actors, router = self._shape, self._actors, self._root.router
         args, kwargs = _share.share_args(args, kwargs, len(actors))
         parts = [Part(Point(rank, shape)) for rank in range(len(actors))]
@@ -242,6 +248,7 @@ class ActorMesh(Generic[T]):
 
     def _call_choose(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                      options: CallOptions) -> MeshFuture[Any]:
+        self._check_open(name)
         root = self._root
         part = Part(None)
         call = Call(name, args, kwargs, part, group=self._group, view=self._point_of,
@@ -257,6 +264,7 @@ class ActorMesh(Generic[T]):
 
     def _call_shard(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                     options: CallOptions) -> MeshFuture[Any]:
+        self._check_open(name)
         dispatch = options.dispatch
         if dispatch is None:
             raise TypeError(

@@ -14,9 +14,9 @@ import functools
 import inspect
 import types
 from collections.abc import Callable, Coroutine, Hashable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, TypeVar, overload
 
-from typing_extensions import Concatenate, ParamSpec, Self
+from typing_extensions import ParamSpec, Self
 
 from .dispatch import Dispatch
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Union
 
 ShapeLike = Union[int, Sequence[int], Mapping[str, int]]
-IndexKey = Union[int, slice, tuple[Union[int, slice], ...]]
+IndexKey = Union[int, slice, tuple[int | slice, ...]]
 
 
 class Shape(Mapping[str, int]):

@@ -25,7 +25,7 @@ def test_calls_beyond_max_in_flight_wait_and_are_sent_as_slots_free(
     pair: am.ActorMesh[Worker],
 ) -> None:
     futures = []
-    for i in range(20):
+    for _i in range(20):
         futures.append(pair.methods.sleep.choose(0.01))
         assert max(pair.load()) <= 1
     assert sorted(Counter(f.get(timeout=60) for f in futures).values()) == [10, 10]

@@ -235,6 +235,14 @@ def test_large_argument_to_all_is_put_once(mesh: am.ActorMesh[Worker], monkeypat
     assert len(puts) == 1
 
 
+def test_calls_after_shutdown_fail_at_once(ray_cluster: None) -> None:
+    with am.ActorMesh(Worker, shape=1, num_cpus=0.1) as m:
+        pass
+    for verb in (m.methods.f.all, m.methods.f.choose, m.methods.process.shard):
+        with pytest.raises(am.MeshError, match="shut down"):
+            verb([1])  # type: ignore[arg-type]
+
+
 def test_prototype_example(ray_cluster: None) -> None:
     """The example of Ray's ActorMesh prototype (PR #54760), written for this API."""
     with am.ActorMesh(Worker, shape=(2, 3), num_cpus=0.1) as m:
