@@ -10,7 +10,7 @@ import abc
 import dataclasses
 import random
 from collections.abc import Hashable, Sequence
-from typing import Literal, Union
+from typing import Literal
 
 from . import _native
 
@@ -80,7 +80,7 @@ class Policy:
         return 1 + self.prefetch if self.name == "pull" else 0
 
 
-BalancerSpec = Union[PolicyName, Policy, Balancer]
+BalancerSpec = PolicyName | Policy | Balancer
 
 
 def make_scheduler(

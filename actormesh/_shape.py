@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Union
 
-ShapeLike = Union[int, Sequence[int], Mapping[str, int]]
-IndexKey = Union[int, slice, tuple[int | slice, ...]]
+ShapeLike = int | Sequence[int] | Mapping[str, int]
+IndexKey = int | slice | tuple[int | slice, ...]
 
 
 class Shape(Mapping[str, int]):

@@ -38,8 +38,6 @@ class AffinityTable {
     index_.emplace(key, order_.begin());
   }
 
-  uint64_t size() const { return index_.size(); }
-
  private:
   using Entry = std::pair<uint64_t, uint32_t>;  // key, actor
 

@@ -10,6 +10,7 @@
 #pragma GCC diagnostic pop
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -30,14 +31,27 @@ namespace {
 // actormesh._native.PickerError; the module holds the reference.
 PyObject* picker_error_type = nullptr;
 
+// True while this thread runs a Python picker, which holds its scheduler's mutex.
+thread_local bool in_picker = false;
+
+struct PickerScope {
+  PickerScope() { in_picker = true; }
+  ~PickerScope() { in_picker = false; }
+};
+
 // Runs `work` under the scheduler's mutex with the GIL rule for its policy. Built-in policies do
 // tens of nanoseconds of work under a mutex that is then never contended (every caller holds the
 // GIL), so the GIL stays held. With a Python picker the GIL is released before the mutex is taken:
 // the thread inside the scheduler re-acquires the GIL to call the picker, and a thread waiting for
-// the mutex while holding the GIL would deadlock it.
+// the mutex while holding the GIL would deadlock it. For the same reason a picker cannot call back
+// into such a scheduler: its own thread holds the mutex.
 template <typename Work>
 auto with_gil_rule(const Scheduler& scheduler, Work&& work) -> decltype(work()) {
   if (!scheduler.uses_picker()) return work();
+  if (in_picker) {
+    throw std::logic_error("a picker cannot call a scheduler that uses a picker (it would wait "
+                           "for the lock held while it picks)");
+  }
   nb::gil_scoped_release release;
   return work();
 }
@@ -69,8 +83,12 @@ Picker wrap_picker(PickerRef picker) {
       throw nb::python_error();
     }
     nb::object affinity = c.affinity ? nb::cast(*c.affinity) : nb::none();
-    nb::object result = (*picker)(nb::cast(c.ranks), nb::cast(c.in_flight),
-                                  nb::cast(c.mean_latency_s), affinity);
+    nb::object result;
+    {
+      const PickerScope picking;
+      result = (*picker)(nb::cast(c.ranks), nb::cast(c.in_flight), nb::cast(c.mean_latency_s),
+                         affinity);
+    }
     int64_t index;
     if (!nb::try_cast(result, index)) {
       const std::string message = "picker returned " + std::string(nb::repr(result).c_str()) +
@@ -155,7 +173,9 @@ NB_MODULE(_native, m) {
   nb::class_<Decision>(m, "Decision", "Where one call goes: `actor` -1 means it was queued.")
       .def(
           "__init__",
-          [](Decision* self, uint64_t ticket, int32_t actor) { new (self) Decision{ticket, actor}; },
+          [](Decision* self, uint64_t ticket, int32_t actor) {
+            new (self) Decision{ticket, actor};
+          },
           "ticket"_a, "actor"_a)
       .def_ro("ticket", &Decision::ticket)
       .def_ro("actor", &Decision::actor)

@@ -22,7 +22,6 @@ class IndexedHeap {
 
   bool empty() const { return heap_.empty(); }
   const Entry& top() const { return heap_.front(); }
-  bool contains(uint32_t pos) const { return where_[pos] != kAbsent; }
 
   // Inserts `pos` or changes its key.
   void set(uint32_t pos, Key key) {

@@ -1,7 +1,6 @@
 // `external`: a caller-supplied picker chooses among the eligible members.
 #pragma once
 
-#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>

@@ -9,7 +9,8 @@ namespace actormesh {
 // The eligible member with the fewest calls in flight, lowest rank on ties, from a heap that
 // holds eligible members only: O(log N) per load change, O(1) per pick. `pull` is this policy
 // with max_in_flight defaulting to 1, so the group's FIFO queue is the central queue and a call
-// leaves it only when an actor frees its slot.
+// leaves it only when an actor frees its slot. A prefetch of k calls (hiding the round trip between
+// two calls on an actor) is max_in_flight = 1 + k, chosen by the caller.
 class LeastLoadedPolicy final : public Policy {
  public:
   explicit LeastLoadedPolicy(uint32_t size) : heap_(size) {}

@@ -1,18 +1,24 @@
 // `sed`: shortest expected delay, (in_flight + 1) x mean service time.
 #pragma once
 
+#include <utility>
+
 #include "indexed_heap.hpp"
 #include "policy.hpp"
 
 namespace actormesh {
 
-// Measured and unmeasured members live in separate heaps. Unmeasured members all share the prior,
-// which moves with every sample when it is the mean of measured EWMAs; keyed by in_flight alone
-// their order does not depend on it, so a new sample never re-keys them. A pick compares the two
-// heap tops, lowest rank on equal delay.
+// The eligible member with the least (in_flight + 1) * ewma_s; ties go to fewer calls in flight,
+// then to the lower rank. Unmeasured members use the prior: prior_s, or when that is 0 the mean
+// EWMA of the measured actors (1.0 when none is measured).
+//
+// Measured and unmeasured members live in separate heaps. When the prior is the mean EWMA it moves
+// with every sample; since all unmeasured members share it, their order is their in_flight order
+// whatever its value, so a new sample never re-keys them. A pick compares the two heap tops.
 class SedPolicy final : public Policy {
  public:
-  SedPolicy(uint32_t size, double prior_s) : measured_(size), unmeasured_(size), prior_s_(prior_s) {}
+  SedPolicy(uint32_t size, double prior_s)
+      : measured_(size), unmeasured_(size), prior_s_(prior_s) {}
 
   void update(const LoadTable& loads, uint32_t pos, uint32_t actor, bool,
               bool eligible) override {
@@ -22,7 +28,7 @@ class SedPolicy final : public Policy {
       unmeasured_.erase(pos);
     } else if (load.measured) {
       unmeasured_.erase(pos);
-      measured_.set(pos, (load.in_flight + 1.0) * load.ewma_s);
+      measured_.set(pos, {(load.in_flight + 1.0) * load.ewma_s, load.in_flight});
     } else {
       unmeasured_.set(pos, load.in_flight);
     }
@@ -34,12 +40,14 @@ class SedPolicy final : public Policy {
     const double prior = prior_s_ > 0.0 ? prior_s_ : ctx.loads.mean_ewma_or(1.0);
     const auto& m = measured_.top();
     const auto& u = unmeasured_.top();
-    const double u_delay = (u.key + 1.0) * prior;
-    return m.key < u_delay || (m.key == u_delay && m.pos < u.pos) ? m.pos : u.pos;
+    const Delay u_key{(u.key + 1.0) * prior, u.key};
+    return m.key < u_key || (m.key == u_key && m.pos < u.pos) ? m.pos : u.pos;
   }
 
  private:
-  IndexedHeap<double> measured_;      // key: (in_flight + 1) * ewma_s
+  using Delay = std::pair<double, uint32_t>;  // expected delay, then in_flight
+
+  IndexedHeap<Delay> measured_;
   IndexedHeap<uint32_t> unmeasured_;  // key: in_flight
   double prior_s_;
 };

@@ -11,7 +11,7 @@ namespace actormesh {
 
 namespace {
 
-std::string str(double value) {
+std::string format_double(double value) {
   std::ostringstream out;
   out << value;
   return out.str();
@@ -39,17 +39,19 @@ SchedulerConfig validated(SchedulerConfig c) {
   }
   if (kind == PolicyKind::pull && c.max_in_flight == 0) c.max_in_flight = 1;
   if (!(c.ewma_alpha > 0.0 && c.ewma_alpha <= 1.0)) {
-    throw std::invalid_argument("ewma_alpha " + str(c.ewma_alpha) + ": must be in (0, 1]");
+    throw std::invalid_argument("ewma_alpha " + format_double(c.ewma_alpha) +
+                                ": must be in (0, 1]");
   }
   if (!(c.prior_s >= 0.0 && std::isfinite(c.prior_s))) {
-    throw std::invalid_argument("prior_s " + str(c.prior_s) + ": must be finite and >= 0");
+    throw std::invalid_argument("prior_s " + format_double(c.prior_s) +
+                                ": must be finite and >= 0");
   }
   if (c.affinity_abs < 0 || c.affinity_abs > std::numeric_limits<uint32_t>::max()) {
     throw std::invalid_argument("affinity_abs " + std::to_string(c.affinity_abs) +
                                 ": must be >= 0");
   }
   if (!(c.affinity_rel >= 0.0 && std::isfinite(c.affinity_rel))) {
-    throw std::invalid_argument("affinity_rel " + str(c.affinity_rel) +
+    throw std::invalid_argument("affinity_rel " + format_double(c.affinity_rel) +
                                 ": must be finite and >= 0");
   }
   if (c.affinity_capacity < 0) {
@@ -158,7 +160,7 @@ void Scheduler::dispatch(uint32_t actor) {
   const uint32_t old = loads_[actor].in_flight;
   const bool was_eligible = loads_.eligible(actor);
   loads_.increment(actor);
-  changed(actor, old, was_eligible, true);
+  changed(actor, old, was_eligible, loads_[actor].alive);
 }
 
 // An affinity key stays on its last actor while that actor is an eligible member whose load is
@@ -214,7 +216,7 @@ Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity) {
 // before this event and still has none. Among those groups the oldest ticket goes first.
 Drain Scheduler::drain(uint32_t actor) {
   Drain out;
-  while (true) {
+  while (!queued_.empty()) {
     uint32_t best = 0;
     const QueuedCall* oldest = nullptr;
     for (const Membership& m : memberships_[actor]) {
@@ -242,6 +244,7 @@ Drain Scheduler::drain(uint32_t actor) {
     dispatch(chosen);
     out.dispatched.push_back({call.ticket, static_cast<int32_t>(chosen)});
   }
+  return out;
 }
 
 Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool ok) {
@@ -249,7 +252,7 @@ Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool 
   const uint32_t a = check_actor(actor);
   if (!std::isfinite(started_s) || !std::isfinite(ended_s)) {
     throw std::invalid_argument("complete(actor=" + std::to_string(a) + "): started_s " +
-                                str(started_s) + ", ended_s " + str(ended_s) +
+                                format_double(started_s) + ", ended_s " + format_double(ended_s) +
                                 ": times must be finite");
   }
   const uint32_t old = loads_[a].in_flight;
@@ -266,11 +269,7 @@ Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool 
 
 void Scheduler::acquire(int64_t actor) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint32_t a = check_actor(actor);
-  if (loads_[a].in_flight == std::numeric_limits<uint32_t>::max()) {
-    throw std::overflow_error("acquire(actor=" + std::to_string(a) + "): in_flight overflow");
-  }
-  dispatch(a);
+  dispatch(check_actor(actor));
 }
 
 bool Scheduler::cancel(uint64_t ticket) {
