@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
+from collections import deque
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -61,10 +62,16 @@ class Router:
         self._max_restarts = max_restarts
         self._on_restart = on_restart
         self._remote: dict[tuple[int, str], Any] = {}
-        # Calls the scheduler queued, by ticket. A completion can drain a ticket before `route`
-        # has filed it; the lock (taken only on the queueing path) and `_early` close that race.
+        # Calls the scheduler queued, by ticket. The native queue and this table change apart, so
+        # three races are closed under `_qlock` (taken only on the queueing path, never by a call
+        # that got a slot at once): a ticket drained before `route` filed it (`_early`: send it
+        # then), a ticket given up by `mark_dead` before it was filed (`_orphaned`: fail it
+        # then), and a ticket drained while its call was being cancelled (`_abandoned`: free
+        # the slot it was given).
         self._queued: dict[int, Call] = {}
         self._early: dict[int, int] = {}
+        self._orphaned: set[int] = set()
+        self._abandoned: set[int] = set()
         self._qlock = threading.Lock()
         self._dead: set[int] = set()
         self._deaths = [0] * len(self.handles)
@@ -92,13 +99,18 @@ class Router:
         if decision.actor >= 0:
             self._send(decision.actor, call)
             return
-        call.ticket = decision.ticket
+        ticket = call.ticket = decision.ticket
         with self._qlock:
-            actor = self._early.pop(decision.ticket, None)
+            actor = self._early.pop(ticket, None)
             if actor is None:
-                self._queued[decision.ticket] = call
-                return
-        self._send(actor, call)
+                if ticket not in self._orphaned:
+                    self._queued[ticket] = call
+                    return
+                self._orphaned.discard(ticket)
+        if actor is None:
+            self._fail(call, NoLiveActorsError(f"{call.method}: every candidate actor died"))
+        else:
+            self._send(actor, call)
 
     def _send(self, actor: int, call: Call) -> None:
         call.ticket = 0
@@ -118,13 +130,21 @@ class Router:
 
     def _dispatch(self, decisions: Sequence[_native.Decision]) -> None:
         """Send the queued calls the scheduler has just given a slot."""
-        for decision in decisions:
+        pending = deque(decisions)
+        while pending:
+            decision = pending.popleft()
             with self._qlock:
                 call = self._queued.pop(decision.ticket, None)
                 if call is None:
-                    self._early[decision.ticket] = decision.actor
-                    continue
-            self._send(decision.actor, call)
+                    if decision.ticket not in self._abandoned:
+                        self._early[decision.ticket] = decision.actor
+                        continue
+                    self._abandoned.discard(decision.ticket)
+            if call is None:  # cancelled as it was given a slot: free the slot again
+                now = time.perf_counter()
+                pending.extend(self.scheduler.complete(decision.actor, now, now, False))
+            else:
+                self._send(decision.actor, call)
 
     # -- completion -------------------------------------------------------------------------
     def _finish(self, actor: int, call: Call, started: float, result: Any,
@@ -170,9 +190,9 @@ class Router:
                 continue
             with self._qlock:
                 queued = self._queued.pop(call.ticket, None) if call.ticket else None
-            if queued is not None:
-                self.scheduler.cancel(queued.ticket)
-            elif call.part.ref is not None:
+                if queued is not None and not self.scheduler.cancel(queued.ticket):
+                    self._abandoned.add(queued.ticket)
+            if queued is None and call.part.ref is not None:
                 ray.cancel(call.part.ref)
             self._fail(call, error)
 
@@ -196,8 +216,12 @@ class Router:
                 return
             self._dead.add(actor)
             self._deaths[actor] += 1
-            orphans = [self._queued.pop(t) for t in self.scheduler.mark_dead(actor)
-                       if t in self._queued]
+            orphans = []
+            for ticket in self.scheduler.mark_dead(actor):
+                if ticket in self._queued:
+                    orphans.append(self._queued.pop(ticket))
+                else:
+                    self._orphaned.add(ticket)
         for call in orphans:
             self._fail(call, NoLiveActorsError(f"{call.method}: every candidate actor died"))
         if self._max_restarts < 0 or self._deaths[actor] <= self._max_restarts:

@@ -110,3 +110,36 @@ def test_a_python_balancer_returning_a_bad_index_fails_the_call_clearly() -> Non
         with pytest.raises(ValueError, match="9"):
             mesh.methods.rank.choose().get(timeout=60)
         assert mesh.load() == [0, 0]
+
+
+def test_threads_with_timeouts_and_cancels_leave_every_slot_free(pair: am.ActorMesh[Worker]) -> None:
+    """Queued calls time out or are cancelled while completions drain the queue, from 4 threads."""
+    import concurrent.futures as cf
+    import random
+    import time
+
+    def client(seed: int) -> list[am.MeshFuture[int]]:
+        rng = random.Random(seed)
+        futures = []
+        for _ in range(60):
+            future = pair.methods.sleep.options(timeout=rng.choice([0.005, 0.02, 5.0])).choose(0.002)
+            if rng.random() < 0.2:
+                future.cancel()
+            futures.append(future)
+        return futures
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        futures = [f for batch in pool.map(client, range(4)) for f in batch]
+    outcomes = Counter()
+    for future in futures:
+        try:
+            future.get(timeout=60)
+            outcomes["done"] += 1
+        except (am.MeshTimeoutError, cf.CancelledError):
+            outcomes["dropped"] += 1
+    assert outcomes["done"] + outcomes["dropped"] == 240 and outcomes["done"] > 0
+    deadline = time.monotonic() + 30
+    while pair.load() != [0, 0] and time.monotonic() < deadline:
+        time.sleep(0.01)  # cancelled calls already sent still finish in their actor
+    assert pair.load() == [0, 0]
+    assert pair.methods.rank.choose().get(timeout=60) in (0, 1)
