@@ -93,6 +93,8 @@ class ActorMesh(Generic[T]):
         scheduler = make_scheduler(full.size, balancer, max_in_flight, keys)
         label = name or actor_cls.__name__
 
+        if not ray.is_initialized():
+            ray.init()  # as Ray does on a first call, honouring RAY_ADDRESS
         placed = Placed(placement) if placement is not None else None
         options: dict[str, Any] = {"max_restarts": max_restarts}
         for key, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus),
