@@ -2,6 +2,12 @@
 
 from collections.abc import Callable
 
+class NoLiveActors(RuntimeError): ...
+
+class PickerError(RuntimeError):
+    dispatched: list[Decision]
+    failed: list[int]
+
 class Decision:
     @property
     def ticket(self) -> int: ...

@@ -65,12 +65,12 @@ class Router:
         # Calls the scheduler queued, by ticket. The native queue and this table change apart, so
         # three races are closed under `_qlock` (taken only on the queueing path, never by a call
         # that got a slot at once): a ticket drained before `route` filed it (`_early`: send it
-        # then), a ticket given up by `mark_dead` before it was filed (`_orphaned`: fail it
-        # then), and a ticket drained while its call was being cancelled (`_abandoned`: free
+        # then), a ticket given up by `mark_dead` or a failing picker before it was filed
+        # (`_orphaned`: fail it then with that error), and a ticket drained while its call was being cancelled (`_abandoned`: free
         # the slot it was given).
         self._queued: dict[int, Call] = {}
         self._early: dict[int, int] = {}
-        self._orphaned: set[int] = set()
+        self._orphaned: dict[int, BaseException] = {}
         self._abandoned: set[int] = set()
         self._qlock = threading.Lock()
         self._dead: set[int] = set()
@@ -90,10 +90,10 @@ class Router:
             return
         try:
             decision = self.scheduler.submit(call.group, call.affinity)
-        except RuntimeError as err:
+        except _native.NoLiveActors as err:
             self._fail(call, NoLiveActorsError(f"{call.method}: {err}"))
             return
-        except ValueError as err:  # a Python Balancer returned a bad index
+        except Exception as err:  # a Python Balancer raised or returned a bad index
             self._fail(call, err)
             return
         if decision.actor >= 0:
@@ -102,14 +102,13 @@ class Router:
         ticket = call.ticket = decision.ticket
         with self._qlock:
             actor = self._early.pop(ticket, None)
-            if actor is None:
-                if ticket not in self._orphaned:
-                    self._queued[ticket] = call
-                    return
-                self._orphaned.discard(ticket)
-        if actor is None:
-            self._fail(call, NoLiveActorsError(f"{call.method}: every candidate actor died"))
-        else:
+            error = self._orphaned.pop(ticket, None) if actor is None else None
+            if actor is None and error is None:
+                self._queued[ticket] = call
+                return
+        if error is not None:
+            self._fail(call, error)
+        elif actor is not None:
             self._send(actor, call)
 
     def _send(self, actor: int, call: Call) -> None:
@@ -142,9 +141,34 @@ class Router:
                     self._abandoned.discard(decision.ticket)
             if call is None:  # cancelled as it was given a slot: free the slot again
                 now = time.perf_counter()
-                pending.extend(self.scheduler.complete(decision.actor, now, now, False))
+                pending.extend(self._complete(decision.actor, now, now, False))
             else:
                 self._send(decision.actor, call)
+
+    def _complete(self, actor: int, started: float, ended: float, ok: bool) -> list[_native.Decision]:
+        """End one call in the scheduler; return the queued calls it gave a slot."""
+        return self._drained(lambda: self.scheduler.complete(actor, started, ended, ok))
+
+    def _drained(self, drain: Callable[[], list[_native.Decision]]) -> list[_native.Decision]:
+        """Run a scheduler drain; queued calls a Python Balancer failed on are failed, not lost."""
+        try:
+            return drain()
+        except _native.PickerError as err:
+            cause = err.__cause__ or err
+            self._orphan(err.failed, lambda: cause)
+            return list(err.dispatched)
+
+    def _orphan(self, tickets: Sequence[int], error: Callable[[], BaseException]) -> None:
+        """Fail the calls of tickets the scheduler gave up; those not filed yet fail when filed."""
+        with self._qlock:
+            calls = []
+            for ticket in tickets:
+                if ticket in self._queued:
+                    calls.append(self._queued.pop(ticket))
+                else:
+                    self._orphaned[ticket] = error()
+        for call in calls:
+            self._fail(call, error())
 
     # -- completion -------------------------------------------------------------------------
     def _finish(self, actor: int, call: Call, started: float, result: Any,
@@ -154,7 +178,7 @@ class Router:
         died = isinstance(result, RayActorError)
         if died:
             self._on_death(actor)
-        self._dispatch(self.scheduler.complete(actor, started, time.perf_counter(), not failed))
+        self._dispatch(self._complete(actor, started, time.perf_counter(), not failed))
         if died and call.retries > 0 and call.group >= 0:
             call.retries -= 1
             self.route(call)
@@ -216,14 +240,8 @@ class Router:
                 return
             self._dead.add(actor)
             self._deaths[actor] += 1
-            orphans = []
-            for ticket in self.scheduler.mark_dead(actor):
-                if ticket in self._queued:
-                    orphans.append(self._queued.pop(ticket))
-                else:
-                    self._orphaned.add(ticket)
-        for call in orphans:
-            self._fail(call, NoLiveActorsError(f"{call.method}: every candidate actor died"))
+        self._orphan(self.scheduler.mark_dead(actor),
+                     lambda: NoLiveActorsError("every candidate actor of the call died"))
         if self._max_restarts < 0 or self._deaths[actor] <= self._max_restarts:
             self._probe(actor, 0)
 
@@ -246,7 +264,7 @@ class Router:
         with self._qlock:
             self._dead.discard(actor)
         self.watch(actor)
-        self._dispatch(self.scheduler.mark_alive(actor))
+        self._dispatch(self._drained(lambda: self.scheduler.mark_alive(actor)))
 
     def is_dead(self, actor: int) -> bool:
         return actor in self._dead

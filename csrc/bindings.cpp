@@ -160,6 +160,9 @@ std::vector<Decision> finish(Drain&& drain) {
 
 NB_MODULE(_native, m) {
   m.doc() = "The native scheduler behind ActorMesh.choose (see csrc/API.md).";
+  // A mesh the user never shut down is still referenced at exit by Ray's pending completion
+  // callbacks (its death watches), so its scheduler outlives the interpreter: not a refcount bug.
+  nb::set_leak_warnings(false);
 
   nb::exception<actormesh::NoLiveActors>(m, "NoLiveActors", PyExc_RuntimeError);
   picker_error_type = PyErr_NewExceptionWithDoc(

@@ -143,3 +143,25 @@ def test_threads_with_timeouts_and_cancels_leave_every_slot_free(pair: am.ActorM
         time.sleep(0.01)  # cancelled calls already sent still finish in their actor
     assert pair.load() == [0, 0]
     assert pair.methods.rank.choose().get(timeout=60) in (0, 1)
+
+
+def test_a_python_balancer_failing_on_a_queued_call_fails_that_call_only() -> None:
+    class FailsSecondPick(am.Balancer):
+        def __init__(self) -> None:
+            self.picks = 0
+
+        def pick(self, loads: Sequence[am.ActorLoad], affinity: Hashable | None) -> int:
+            self.picks += 1
+            if self.picks == 2:
+                raise KeyError("no replica for this request")
+            return 0
+
+    with am.ActorMesh(Worker, shape=1, num_cpus=0.1, max_in_flight=1,
+                      balancer=FailsSecondPick()) as mesh:
+        first = mesh.methods.sleep.choose(0.2)  # pick 1
+        queued = mesh.methods.rank.choose()  # no free slot: queued without a pick
+        assert first.get(timeout=60) == 0
+        with pytest.raises(KeyError, match="no replica"):
+            queued.get(timeout=60)  # pick 2, made when the slot freed, raised
+        assert mesh.methods.rank.choose().get(timeout=60) == 0  # pick 3
+        assert mesh.load() == [0]

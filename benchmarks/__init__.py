@@ -1,0 +1,1 @@
+"""The actormesh benchmark harness: `python -m benchmarks [--quick | --full]` (see __main__)."""

@@ -1,0 +1,177 @@
+"""The native scheduler against the plain-Python reference (benchmarks/reference.py).
+
+Both get the same seeded random sequence of events — submits to several groups with and without
+affinity, completions, acquires, cancels, deaths, restarts, new groups — and must return the same
+decisions, raise the same errors and report the same loads after every event.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from actormesh import _native
+from benchmarks import reference
+
+
+def spread_picker(
+    ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+) -> int:
+    """A deterministic picker that depends on everything it is given."""
+    measured = sum(1 for x in latency if not math.isnan(x))
+    return (sum(in_flight) + measured + (key or 0) + ranks[0]) % len(ranks)
+
+
+def flaky_picker(
+    ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+) -> int:
+    """Fails for one key in five, so that picks fail inside submits and inside drains."""
+    if key is not None and key % 5 == 0:
+        raise ArithmeticError(f"no pick for key {key}")
+    return spread_picker(ranks, in_flight, latency, key)
+
+
+CONFIGS: list[tuple[str, dict[str, Any]]] = [
+    ("random", {}),
+    ("round_robin", {}),
+    ("pow2", {}),
+    ("least_loaded", {}),
+    ("pull", {}),
+    ("sed", {}),
+    ("sed", {"prior_s": 0.003}),
+    ("pow2", {"affinity_abs": 0, "affinity_rel": 1.0, "affinity_capacity": 3}),
+    ("least_loaded", {"affinity_abs": 1, "affinity_rel": 2.0, "affinity_capacity": 0}),
+    ("external", {"picker": spread_picker}),
+    ("external", {"picker": flaky_picker}),
+]
+
+
+def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
+    """What a call returned or raised, in a form both implementations can be compared on."""
+    try:
+        return ("returned", plain(call()))
+    except Exception as err:  # compared, not swallowed
+        if type(err).__name__ == "PickerError":
+            cause = type(err.__cause__).__name__
+            return ("PickerError", cause, plain(err.dispatched), list(err.failed))
+        return ("raised", type(err).__name__)
+
+
+def plain(value: Any) -> Any:
+    if isinstance(value, (_native.Decision, reference.Decision)):
+        return (value.ticket, value.actor)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def same_floats(a: list[float], b: list[float]) -> bool:
+    return all((math.isnan(x) and math.isnan(y)) or x == y for x, y in zip(a, b, strict=True))
+
+
+def run_both(
+    policy: str, settings: dict[str, Any], max_in_flight: int, seed: int, steps: int
+) -> None:
+    rng = random.Random(seed)
+    num_actors = rng.randint(1, 9)
+    kwargs = {"max_in_flight": max_in_flight, "seed": seed, **settings}
+    native = _native.Scheduler(num_actors, policy, **kwargs)
+    ref = reference.Scheduler(num_actors, policy, **kwargs)
+    groups = [0]
+    clock = 0.0
+    log: list[str] = []
+
+    def same(method: str, *args: Any) -> Any:
+        """Calls `method` on both; they must return or raise alike."""
+        log.append(f"{method}{args}")
+        got = outcome(lambda: getattr(native, method)(*args))
+        want = outcome(lambda: getattr(ref, method)(*args))
+        assert got == want, "\n".join(log[-20:])
+        return want
+
+    for _ in range(steps):
+        roll = rng.random()
+        loads = ref.in_flight()
+        if not any(ref.alive()):
+            roll = 0.95  # bring an actor back
+        if roll < 0.40 or not any(loads):
+            key = None if rng.random() < 0.4 else rng.choice([0, 1, 2, 3, 4, 5, -7, 2**64 - 3])
+            same("submit", rng.choice(groups), key)
+        elif roll < 0.78:
+            busy = [a for a in range(num_actors) if loads[a] > 0]
+            # Mostly a call that is running; sometimes any actor, to check extra completes.
+            actor = rng.choice(busy) if busy and rng.random() < 0.98 else rng.randrange(num_actors)
+            clock += rng.expovariate(1000.0)
+            started = clock - rng.choice([0.0, rng.expovariate(300.0)])
+            same("complete", actor, started, clock, rng.random() < 0.9)
+        elif roll < 0.82:
+            same("acquire", rng.randrange(num_actors))
+        elif roll < 0.87:
+            same("cancel", rng.randint(1, ref._next_ticket))
+        elif roll < 0.90:
+            same("mark_dead", rng.randrange(num_actors))
+        elif roll < 0.97:
+            same("mark_alive", rng.randrange(num_actors))
+        else:
+            members = rng.sample(range(num_actors), rng.randint(1, num_actors))
+            result = same("add_group", members)
+            if result[1] not in groups:
+                groups.append(result[1])
+        assert native.in_flight() == ref.in_flight(), "\n".join(log[-20:])
+        assert native.alive() == ref.alive()
+        assert native.queued() == ref.queued()
+        assert same_floats(native.mean_latency_s(), ref.mean_latency_s())
+    for group in groups:
+        assert native.group_members(group) == ref.group_members(group)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("max_in_flight", [0, 1, 3])
+@pytest.mark.parametrize(
+    ("policy", "settings"), CONFIGS, ids=lambda c: c if isinstance(c, str) else ""
+)
+def test_native_and_reference_make_the_same_decisions(
+    policy: str, settings: dict[str, Any], max_in_flight: int, seed: int
+) -> None:
+    run_both(policy, settings, max_in_flight, seed, steps=400)
+
+
+@pytest.mark.parametrize("policy", ["random", "pow2", "least_loaded", "sed"])
+def test_native_and_reference_agree_on_a_large_mesh(policy: str) -> None:
+    """Past the sizes where heaps and Fenwick trees are shallow."""
+    native = _native.Scheduler(300, policy, max_in_flight=2, seed=99)
+    ref = reference.Scheduler(300, policy, max_in_flight=2, seed=99)
+    rng = random.Random(99)
+    running: list[int] = []
+    clock = 0.0
+    for _ in range(3000):
+        if rng.random() < 0.55 or not running:
+            got, want = native.submit(0), ref.submit(0)
+            assert (got.ticket, got.actor) == (want.ticket, want.actor)
+            if want.actor >= 0:
+                running.append(want.actor)
+        else:
+            actor = running.pop(rng.randrange(len(running)))
+            clock += rng.expovariate(100.0)
+            got_list = native.complete(actor, clock - 0.01, clock, True)
+            want_list = ref.complete(actor, clock - 0.01, clock, True)
+            assert plain(got_list) == plain(want_list)
+            running.extend(d.actor for d in want_list)
+    assert native.in_flight() == ref.in_flight()
+
+
+def test_the_random_streams_are_identical() -> None:
+    """SplitMix64's published first outputs for seed 0, and below() built on them."""
+    rng = reference.SplitMix64(0)
+    assert [rng.next() for _ in range(3)] == [
+        0xE220A8397B1DCDAF,
+        0x6E789E6AA1B965F4,
+        0x06C45D188009454F,
+    ]
+    native = _native.Scheduler(1000, "random", seed=12345)
+    ref = reference.Scheduler(1000, "random", seed=12345)
+    assert [native.submit(0).actor for _ in range(100)] == [ref.submit(0).actor for _ in range(100)]

@@ -1,0 +1,644 @@
+"""The native scheduler's behaviour, policy by policy (csrc/API.md). Pure logic: no Ray."""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+import weakref
+from collections import deque
+
+import pytest
+
+from actormesh import _native
+
+Scheduler = _native.Scheduler
+POLICIES = ["random", "round_robin", "pow2", "least_loaded", "pull", "sed"]
+
+
+def first_picker(
+    ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+) -> int:
+    return 0
+
+
+def dispatch(s: Scheduler, group: int = 0, affinity: int | None = None) -> int:
+    """Submits a call that must be dispatched and returns its actor."""
+    decision = s.submit(group, affinity)
+    assert decision.actor >= 0, decision
+    return decision.actor
+
+
+# Construction and groups
+
+
+def test_group_zero_holds_every_actor() -> None:
+    assert Scheduler(4).group_members(0) == [0, 1, 2, 3]
+
+
+def test_properties_report_the_configuration() -> None:
+    s = Scheduler(3, "sed", max_in_flight=2)
+    assert (s.num_actors, s.policy, s.max_in_flight) == (3, "sed", 2)
+
+
+def test_pull_defaults_to_one_slot_per_actor() -> None:
+    assert Scheduler(3, "pull").max_in_flight == 1
+    assert Scheduler(3, "pull", max_in_flight=3).max_in_flight == 3
+
+
+def test_unknown_policy_is_a_value_error_naming_it() -> None:
+    with pytest.raises(ValueError, match="'fastest'"):
+        Scheduler(2, "fastest")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"num_actors": 0}, "num_actors 0"),
+        ({"num_actors": 2, "max_in_flight": -1}, "max_in_flight -1"),
+        ({"num_actors": 2, "ewma_alpha": 0.0}, "ewma_alpha 0"),
+        ({"num_actors": 2, "prior_s": -1.0}, "prior_s -1"),
+        ({"num_actors": 2, "affinity_capacity": -1}, "affinity_capacity -1"),
+    ],
+)
+def test_bad_settings_are_value_errors_naming_the_value(kwargs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        Scheduler(**kwargs)
+
+
+def test_external_policy_needs_a_picker() -> None:
+    with pytest.raises(ValueError, match="needs a picker"):
+        Scheduler(2, "external")
+
+
+def test_a_picker_conflicts_with_another_named_policy() -> None:
+    with pytest.raises(ValueError, match="'sed' with a picker"):
+        Scheduler(2, "sed", picker=first_picker)
+
+
+def test_a_picker_makes_the_policy_external() -> None:
+    assert Scheduler(2, picker=first_picker).policy == "external"
+
+
+def test_same_members_register_one_group_whatever_their_order() -> None:
+    s = Scheduler(4)
+    group = s.add_group([3, 1])
+    assert group == s.add_group([1, 3]) == 1
+    assert s.group_members(group) == [1, 3]
+    assert s.add_group([0, 1, 2, 3]) == 0
+
+
+def test_group_members_out_of_range_is_an_index_error() -> None:
+    with pytest.raises(IndexError, match="actor 4 out of range for 4 actors"):
+        Scheduler(4).add_group([1, 4])
+
+
+def test_empty_or_repeated_members_are_value_errors() -> None:
+    s = Scheduler(4)
+    with pytest.raises(ValueError, match="must not be empty"):
+        s.add_group([])
+    with pytest.raises(ValueError, match="actor 2 listed twice"):
+        s.add_group([2, 0, 2])
+
+
+def test_unknown_group_is_an_index_error() -> None:
+    with pytest.raises(IndexError, match="group 5 unknown"):
+        Scheduler(2).submit(5)
+
+
+# Counting
+
+
+def test_tickets_increase_from_one_and_count_in_flight() -> None:
+    s = Scheduler(2, "round_robin")
+    decisions = [s.submit(0) for _ in range(3)]
+    assert [d.ticket for d in decisions] == [1, 2, 3]
+    assert [d.actor for d in decisions] == [0, 1, 0]
+    assert s.in_flight() == [2, 1]
+
+
+def test_complete_ends_one_call() -> None:
+    s = Scheduler(2)
+    actor = dispatch(s)
+    assert s.complete(actor, 0.0, 1.0, True) == []
+    assert s.in_flight() == [0, 0]
+
+
+def test_an_extra_complete_raises_and_counts_stay_at_zero() -> None:
+    s = Scheduler(2)
+    with pytest.raises(RuntimeError, match="no call in flight on actor 1"):
+        s.complete(1, 0.0, 1.0, True)
+    assert s.in_flight() == [0, 0]
+
+
+def test_complete_rejects_times_that_are_not_finite() -> None:
+    s = Scheduler(1)
+    dispatch(s)
+    with pytest.raises(ValueError, match="times must be finite"):
+        s.complete(0, math.nan, 1.0, True)
+    assert s.in_flight() == [1]
+
+
+def test_actor_out_of_range_is_an_index_error() -> None:
+    with pytest.raises(IndexError, match="actor -1 out of range for 2 actors"):
+        Scheduler(2).acquire(-1)
+
+
+def test_acquire_counts_a_call_beyond_the_slot_limit() -> None:
+    s = Scheduler(1, max_in_flight=1)
+    s.acquire(0)
+    s.acquire(0)
+    assert s.in_flight() == [2]
+    assert s.submit(0).actor == -1
+
+
+def test_decision_repr_names_both_fields() -> None:
+    assert repr(_native.Decision(3, -1)) == "Decision(ticket=3, actor=-1)"
+
+
+# Policies
+
+
+def test_random_reaches_every_member_and_is_reproducible() -> None:
+    def picks(seed: int) -> list[int]:
+        s = Scheduler(4, "random", seed=seed)
+        return [dispatch(s) for _ in range(200)]
+
+    assert set(picks(7)) == {0, 1, 2, 3}
+    assert picks(7) == picks(7)
+    assert picks(7) != picks(8)
+
+
+def test_round_robin_cycles_in_rank_order() -> None:
+    s = Scheduler(3, "round_robin")
+    assert [dispatch(s) for _ in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_round_robin_skips_members_that_are_full_or_dead() -> None:
+    s = Scheduler(4, "round_robin", max_in_flight=1)
+    s.acquire(1)
+    s.mark_dead(2)
+    assert [dispatch(s) for _ in range(2)] == [0, 3]
+
+
+def test_pow2_sends_to_the_less_loaded_of_two() -> None:
+    s = Scheduler(2, "pow2", seed=3)
+    s.acquire(0)
+    for _ in range(50):
+        assert dispatch(s) == 1
+        s.complete(1, 0.0, 1.0, True)
+
+
+def test_pow2_keeps_the_maximum_load_low() -> None:
+    s = Scheduler(64, "pow2", seed=1)
+    for _ in range(64 * 8):
+        dispatch(s)
+    assert max(s.in_flight()) <= 10  # random placement reaches 15 to 17 with these seeds
+
+
+def test_least_loaded_picks_the_minimum_lowest_rank_on_ties() -> None:
+    s = Scheduler(4, "least_loaded")
+    for actor in (0, 0, 1, 3):
+        s.acquire(actor)
+    assert dispatch(s) == 2
+    assert dispatch(s) == 1  # 1, 2 and 3 now all have one call: lowest rank
+
+
+def test_least_loaded_ignores_dead_actors() -> None:
+    s = Scheduler(3, "least_loaded")
+    s.acquire(1)
+    s.acquire(2)
+    s.mark_dead(0)
+    assert dispatch(s) == 1
+
+
+def test_pull_never_gives_an_actor_a_second_call() -> None:
+    s = Scheduler(3, "pull")
+    decisions = [s.submit(0) for _ in range(5)]
+    assert [d.actor for d in decisions] == [0, 1, 2, -1, -1]
+    assert s.in_flight() == [1, 1, 1]
+    assert s.queued() == 2
+
+
+def test_pull_hands_the_queue_head_to_the_first_free_actor() -> None:
+    s = Scheduler(3, "pull")
+    for _ in range(5):
+        s.submit(0)
+    assert [(d.ticket, d.actor) for d in s.complete(2, 0.0, 1.0, True)] == [(4, 2)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, True)] == [(5, 0)]
+    assert s.queued() == 0
+
+
+def test_sed_avoids_an_actor_measured_slow() -> None:
+    s = Scheduler(2, "sed")
+    for actor, seconds in ((0, 1.0), (1, 0.01)):
+        s.acquire(actor)
+        s.complete(actor, 0.0, seconds, True)
+    # (1 + 1) x 1.0 for actor 0 against (k + 1) x 0.01 for actor 1: actor 1 until k reaches 99.
+    assert [dispatch(s) for _ in range(99)] == [1] * 99
+    assert dispatch(s) == 0
+
+
+def test_sed_uses_the_prior_for_unmeasured_actors() -> None:
+    s = Scheduler(2, "sed", prior_s=0.5)
+    s.acquire(0)
+    s.complete(0, 0.0, 1.0, True)  # actor 0: 1 s; actor 1 unmeasured: 0.5 s
+    assert dispatch(s) == 1
+    assert dispatch(s) == 0  # 1 x 1.0 against 2 x 0.5: equal delay, fewer calls in flight wins
+
+
+def test_sed_prior_defaults_to_the_mean_of_measured_actors() -> None:
+    s = Scheduler(3, "sed")
+    for actor, seconds in ((0, 1.0), (1, 3.0)):
+        s.acquire(actor)
+        s.complete(actor, 0.0, seconds, True)
+    # Actor 2 is assumed to take the mean, 2.0 s. Delays: 1, 3, 2 -> actor 0; then 2, 3, 2 ->
+    # actor 2, which has fewer calls in flight; then 2, 3, 4 -> actor 0.
+    assert [dispatch(s) for _ in range(3)] == [0, 2, 0]
+
+
+def test_every_policy_honours_max_in_flight_and_queues_the_rest() -> None:
+    for policy in POLICIES:
+        s = Scheduler(3, policy, max_in_flight=2, seed=5)
+        decisions = [s.submit(0) for _ in range(8)]
+        assert s.in_flight() == [2, 2, 2], policy
+        assert [d.actor for d in decisions[6:]] == [-1, -1], policy
+        assert s.queued() == 2, policy
+
+
+# Service time
+
+
+def test_mean_latency_is_nan_until_measured_then_a_moving_average() -> None:
+    s = Scheduler(2, ewma_alpha=0.5)
+    s.acquire(0)
+    s.complete(0, 10.0, 12.0, True)
+    s.acquire(0)
+    s.complete(0, 20.0, 24.0, True)
+    latency = s.mean_latency_s()
+    assert latency[0] == pytest.approx(2.0 + 0.5 * (4.0 - 2.0))
+    assert math.isnan(latency[1])
+
+
+def test_a_backlogged_actor_is_measured_between_completions() -> None:
+    s = Scheduler(1)
+    s.acquire(0)
+    s.acquire(0)
+    s.complete(0, 0.0, 1.0, True)
+    s.complete(0, 0.0, 1.5, True)  # waited behind the first call: 0.5 s of work, not 1.5
+    assert s.mean_latency_s()[0] == pytest.approx(1.0 + 0.2 * (0.5 - 1.0))
+
+
+def test_a_failed_call_is_not_a_latency_sample() -> None:
+    s = Scheduler(1)
+    s.acquire(0)
+    s.complete(0, 0.0, 5.0, False)
+    assert math.isnan(s.mean_latency_s()[0])
+
+
+# Queues
+
+
+def test_queued_calls_leave_in_fifo_order_as_slots_free() -> None:
+    s = Scheduler(2, "least_loaded", max_in_flight=1)
+    assert [s.submit(0).actor for _ in range(5)] == [0, 1, -1, -1, -1]
+    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, True)] == [(3, 1)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, True)] == [(4, 0)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 1.0, 2.0, True)] == [(5, 0)]
+    assert s.queued() == 0
+    assert s.in_flight() == [1, 1]
+
+
+def test_a_drain_serves_the_oldest_ticket_across_groups() -> None:
+    s = Scheduler(2, "least_loaded", max_in_flight=1)
+    left = s.add_group([0])
+    dispatch(s, 0)
+    dispatch(s, 0)
+    queued = [s.submit(left).ticket, s.submit(0).ticket, s.submit(left).ticket]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, True)] == [(queued[0], 0)]
+    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, True)] == [(queued[1], 1)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 1.0, 2.0, True)] == [(queued[2], 0)]
+
+
+def test_with_unbounded_slots_nothing_queues() -> None:
+    s = Scheduler(1)
+    assert all(s.submit(0).actor == 0 for _ in range(100))
+    assert s.queued() == 0
+
+
+def test_cancel_removes_a_queued_call_once() -> None:
+    s = Scheduler(1, max_in_flight=1)
+    running = s.submit(0)
+    waiting = s.submit(0)
+    assert s.cancel(waiting.ticket)
+    assert not s.cancel(waiting.ticket)
+    assert not s.cancel(running.ticket)
+    assert not s.cancel(12345)
+    assert s.queued() == 0
+    assert s.complete(0, 0.0, 1.0, True) == []
+
+
+# Groups share one load table
+
+
+def test_groups_see_each_others_calls() -> None:
+    s = Scheduler(3, "least_loaded")
+    pair = s.add_group([1, 2])
+    assert dispatch(s, pair) == 1
+    assert dispatch(s, 0) == 0
+    assert dispatch(s, 0) == 2  # actor 1 is busy with the call made through the sub-group
+
+
+def test_a_group_only_uses_its_members() -> None:
+    s = Scheduler(2, "least_loaded", max_in_flight=1)
+    only_one = s.add_group([1])
+    assert s.submit(only_one).actor == 1
+    assert s.submit(only_one).actor == -1  # actor 0 is free but not a member
+
+
+def test_a_slot_freed_by_a_call_of_one_group_serves_another_groups_queue() -> None:
+    s = Scheduler(2, "pull")
+    only_one = s.add_group([1])
+    assert s.submit(0).actor == 0
+    assert s.submit(0).actor == 1
+    waiting = s.submit(only_one)
+    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, True)] == [(waiting.ticket, 1)]
+
+
+# Liveness
+
+
+def test_a_dead_actor_gets_no_calls() -> None:
+    s = Scheduler(2, "round_robin")
+    s.mark_dead(0)
+    assert [dispatch(s) for _ in range(3)] == [1, 1, 1]
+    assert s.alive() == [False, True]
+
+
+def test_submit_with_every_member_dead_raises_no_live_actors_naming_the_size() -> None:
+    s = Scheduler(2)
+    s.mark_dead(0)
+    s.mark_dead(1)
+    with pytest.raises(_native.NoLiveActors, match="2 actors"):
+        s.submit(0)
+    assert issubclass(_native.NoLiveActors, RuntimeError)
+
+
+def test_mark_dead_returns_tickets_that_can_never_run() -> None:
+    s = Scheduler(2, "pull")
+    only_zero = s.add_group([0])
+    dispatch(s, 0)
+    dispatch(s, 0)
+    stranded = s.submit(only_zero).ticket
+    still_runnable = s.submit(0).ticket
+    assert s.mark_dead(0) == [stranded]
+    assert s.mark_dead(0) == []
+    assert s.queued() == 1
+    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, True)] == [(still_runnable, 1)]
+
+
+def test_calls_in_flight_on_a_dead_actor_still_complete() -> None:
+    s = Scheduler(1)
+    dispatch(s)
+    s.mark_dead(0)
+    assert s.complete(0, 0.0, 1.0, False) == []
+    assert s.in_flight() == [0]
+
+
+def test_mark_alive_dispatches_waiting_calls() -> None:
+    s = Scheduler(2, "pull")
+    dispatch(s)
+    s.mark_dead(1)
+    waiting = s.submit(0)
+    assert waiting.actor == -1
+    assert [(d.ticket, d.actor) for d in s.mark_alive(1)] == [(waiting.ticket, 1)]
+    assert s.mark_alive(1) == []
+
+
+# Affinity
+
+
+def test_affinity_sticks_to_the_last_actor() -> None:
+    s = Scheduler(4, "least_loaded")
+    first = dispatch(s, affinity=42)
+    assert [dispatch(s, affinity=42) for _ in range(2)] == [first, first]
+
+
+def test_affinity_escapes_when_both_margins_are_exceeded() -> None:
+    s = Scheduler(4, "least_loaded", affinity_abs=2, affinity_rel=1.5)
+    home = dispatch(s, affinity=7)
+    s.acquire(home)
+    s.acquire(home)  # 3 calls against 0 elsewhere: 3 - 0 > 2 and 3 > 1.5 x 0
+    moved = dispatch(s, affinity=7)
+    assert moved != home
+    assert dispatch(s, affinity=7) == moved  # the key followed the call
+
+
+def test_affinity_stays_within_the_absolute_margin() -> None:
+    s = Scheduler(4, "least_loaded", affinity_abs=2, affinity_rel=1.5)
+    home = dispatch(s, affinity=7)
+    s.acquire(home)  # 2 calls against 0: not more than 2 above the minimum
+    assert dispatch(s, affinity=7) == home
+
+
+def test_affinity_stays_within_the_relative_margin() -> None:
+    s = Scheduler(2, "least_loaded", affinity_abs=0, affinity_rel=1.5)
+    for _ in range(4):
+        s.acquire(0)
+        s.acquire(1)
+    s.acquire(1)
+    assert dispatch(s, affinity=9) == 0  # least loaded: 4 against 5
+    s.acquire(0)
+    # actor 0 has 6, actor 1 has 5: 1 call above the minimum but 6 <= 1.5 x 5, so it stays
+    assert dispatch(s, affinity=9) == 0
+
+
+def test_affinity_moves_off_a_dead_actor() -> None:
+    s = Scheduler(2, "least_loaded")
+    home = dispatch(s, affinity=1)
+    s.mark_dead(home)
+    assert dispatch(s, affinity=1) == 1 - home
+
+
+def test_affinity_keys_are_forgotten_least_recently_used() -> None:
+    s = Scheduler(3, "least_loaded", affinity_capacity=2, affinity_abs=5)
+    assert dispatch(s, affinity=1) == 0
+    assert dispatch(s, affinity=2) == 1
+    assert dispatch(s, affinity=1) == 0  # key 1 is now more recent than key 2
+    assert dispatch(s, affinity=3) == 2  # a third key evicts key 2
+    s.acquire(1)
+    s.acquire(1)  # loads 2, 3, 1
+    assert dispatch(s, affinity=1) == 0  # remembered: sticks within the margins
+    assert dispatch(s, affinity=2) == 2  # forgotten: goes to the least loaded, not to actor 1
+
+
+def test_affinity_accepts_negative_and_unsigned_64_bit_keys() -> None:
+    s = Scheduler(2, "least_loaded")
+    for key in (-(2**63), -1, 2**64 - 1):
+        actor = dispatch(s, affinity=key)
+        assert dispatch(s, affinity=key) == actor
+    with pytest.raises(TypeError, match="affinity"):
+        s.submit(0, 2**64)
+
+
+def test_affinity_works_with_every_policy() -> None:
+    for policy in POLICIES:
+        s = Scheduler(8, policy, seed=11, max_in_flight=4)
+        home = dispatch(s, affinity=5)
+        assert dispatch(s, affinity=5) == home, policy
+
+
+# External picker
+
+
+def test_picker_sees_eligible_members_in_rank_order() -> None:
+    seen = []
+
+    def picker(
+        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+    ) -> int:
+        seen.append((ranks, in_flight, [math.isnan(x) for x in latency], key))
+        return len(ranks) - 1
+
+    s = Scheduler(4, picker=picker, max_in_flight=2)
+    s.acquire(1)
+    s.acquire(1)
+    s.mark_dead(2)
+    assert dispatch(s, affinity=-1) == 3
+    assert seen == [([0, 3], [0, 0], [True, True], 2**64 - 1)]
+
+
+def test_picker_returning_a_bad_index_is_a_value_error_naming_it() -> None:
+    s = Scheduler(3, picker=lambda ranks, in_flight, latency, key: 7)
+    with pytest.raises(ValueError, match="picker returned index 7 for 3 candidates"):
+        s.submit(0)
+    assert s.in_flight() == [0, 0, 0]
+
+
+def test_picker_returning_a_non_int_is_a_type_error() -> None:
+    s = Scheduler(2, picker=lambda ranks, in_flight, latency, key: "first")
+    with pytest.raises(TypeError, match="picker returned 'first'"):
+        s.submit(0)
+
+
+def test_picker_exception_in_submit_changes_nothing() -> None:
+    def broken(
+        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+    ) -> int:
+        raise KeyError("boom")
+
+    s = Scheduler(2, picker=broken)
+    with pytest.raises(KeyError, match="boom"):
+        s.submit(0, affinity=3)
+    assert s.in_flight() == [0, 0]
+    assert s.queued() == 0
+
+
+def test_picker_error_carries_dispatched_and_failed_calls() -> None:
+    fail = False
+
+    def picker(
+        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+    ) -> int:
+        if fail and key == 13:
+            raise ZeroDivisionError("picker bug")
+        return 0
+
+    s = Scheduler(1, picker=picker, max_in_flight=2)
+    dispatch(s)
+    dispatch(s)
+    good_first = s.submit(0).ticket
+    bad = s.submit(0, affinity=13).ticket
+    good_last = s.submit(0).ticket
+    fail = True
+    s.acquire(0)  # three in flight: the next two completes free one slot, then two
+    assert s.complete(0, 0.0, 1.0, True) == []
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, True)] == [(good_first, 0)]
+    with pytest.raises(_native.PickerError, match="ZeroDivisionError: picker bug") as caught:
+        s.complete(0, 1.0, 2.0, True)
+    error = caught.value
+    assert isinstance(error.__cause__, ZeroDivisionError)
+    assert error.failed == [bad]
+    assert [(d.ticket, d.actor) for d in error.dispatched] == [(good_last, 0)]
+    assert s.queued() == 0
+    assert s.in_flight() == [2]
+
+
+def test_a_picker_calling_back_into_its_scheduler_gets_an_error_not_a_deadlock() -> None:
+    schedulers: list[Scheduler] = []
+
+    def picker(
+        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+    ) -> int:
+        schedulers[0].in_flight()
+        return 0
+
+    schedulers.append(Scheduler(2, picker=picker))
+    with pytest.raises(RuntimeError, match="picker cannot call a scheduler"):
+        schedulers[0].submit(0)
+    assert schedulers[0].in_flight() == [0, 0]
+
+
+def test_threads_holding_the_gil_do_not_deadlock_with_a_picker() -> None:
+    s = Scheduler(4, picker=lambda ranks, in_flight, latency, key: in_flight.index(min(in_flight)))
+    run_threads(s, threads=4, calls=500)
+    assert s.in_flight() == [0, 0, 0, 0]
+
+
+def test_a_picker_that_refers_to_its_scheduler_is_collected() -> None:
+    class Owner:
+        def __init__(self) -> None:
+            self.scheduler = Scheduler(2, picker=self.pick)
+
+        def pick(
+            self, ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+        ) -> int:
+            return 0
+
+    owner = Owner()
+    ref = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert ref() is None
+
+
+# Threads
+
+
+def run_threads(s: Scheduler, threads: int, calls: int) -> None:
+    """Each thread submits `calls` calls, completing its oldest running call as it goes and any
+    queued call a completion hands it; at the end it completes everything it still runs."""
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            running: deque[int] = deque()
+            for i in range(calls):
+                decision = s.submit(0, i % 7 if i % 3 == 0 else None)
+                if decision.actor >= 0:
+                    running.append(decision.actor)
+                if len(running) > 2:
+                    running.extend(d.actor for d in s.complete(running.popleft(), 0.0, 1e-3, True))
+            while running:
+                running.extend(d.actor for d in s.complete(running.popleft(), 0.0, 1e-3, True))
+        except BaseException as err:  # reported by the main thread
+            errors.append(err)
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert errors == []
+    assert s.queued() == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_threads_submitting_and_completing_end_with_zero_counts(policy: str) -> None:
+    s = Scheduler(8, policy, max_in_flight=2, seed=2)
+    run_threads(s, threads=4, calls=2000)
+    assert s.in_flight() == [0] * 8
+
+
+def test_measure_decision_ns_reports_a_positive_cost() -> None:
+    assert _native.measure_decision_ns("pow2", 16, 1000, 0) > 0
