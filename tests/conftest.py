@@ -17,6 +17,7 @@ def ray_cluster() -> Iterator[None]:
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
     ray.init(
+        address="local",  # a cluster of its own, even if another runs on this machine
         num_cpus=8,
         # Actor processes import the test workers by module name.
         runtime_env={"env_vars": {"PYTHONPATH": path}},

@@ -22,6 +22,12 @@ def test_quickstart_prints_what_the_readme_says() -> None:
     assert run("quickstart.py") == ["[2, 2, 2, 2]", "2", "[6, 7, 8, 9]", "[4, 4]"]
 
 
+def test_jax_data_parallel_loss_falls_and_parameters_agree() -> None:
+    pytest.importorskip("jax")
+    lines = run("jax_data_parallel.py")
+    assert any(line.endswith("written by processes [0]") for line in lines), lines  # one writer
+
+
 @pytest.mark.slow
 def test_inference_pool_routes_around_the_straggler() -> None:
     lines = run("inference_pool.py")
