@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+from jax_workers import JaxWorker
+
+import actormesh as am
 from actormesh.integrations.jax import PORT_ENV, JaxMesh, checkpoint
 from actormesh.integrations.jax._coordinator import (
     check_port_free,
@@ -18,9 +21,6 @@ from actormesh.integrations.jax._coordinator import (
     start_rendezvous,
 )
 from actormesh.integrations.jax._mesh import JaxSetup, join
-from jax_workers import JaxWorker
-
-import actormesh as am
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
