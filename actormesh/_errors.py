@@ -9,44 +9,36 @@ class MeshError(Exception):
     """Base class of the errors actormesh raises for a call."""
 
 
-class ActorError(MeshError):
+class _ActorFailure(MeshError):
+    """A call failed on one actor: `point` (its rank and coordinates) and the method."""
+
+    def __init__(self, point: Point, method: str, what: str) -> None:
+        self.point = point
+        self.method = method
+        super().__init__(f"{method} on rank {point.rank} ({format_coords(point.coords)}) {what}")
+
+    @property
+    def rank(self) -> int:
+        return self.point.rank
+
+    @property
+    def coords(self) -> dict[str, int]:
+        return self.point.coords
+
+
+class ActorError(_ActorFailure):
     """The actor's method raised. `cause` is the original exception, also the `__cause__`."""
 
     def __init__(self, point: Point, method: str, cause: BaseException) -> None:
-        self.point = point
-        self.method = method
         self.cause = cause
-        super().__init__(
-            f"{method} on rank {point.rank} ({format_coords(point.coords)}) raised "
-            f"{type(cause).__name__}: {cause}"
-        )
-
-    @property
-    def rank(self) -> int:
-        return self.point.rank
-
-    @property
-    def coords(self) -> dict[str, int]:
-        return self.point.coords
+        super().__init__(point, method, f"raised {type(cause).__name__}: {cause}")
 
 
-class ActorDiedError(MeshError):
+class ActorDiedError(_ActorFailure):
     """The actor died (or was unreachable) before it answered the call."""
 
     def __init__(self, point: Point, method: str, detail: str) -> None:
-        self.point = point
-        self.method = method
-        super().__init__(
-            f"{method} on rank {point.rank} ({format_coords(point.coords)}): actor died: {detail}"
-        )
-
-    @property
-    def rank(self) -> int:
-        return self.point.rank
-
-    @property
-    def coords(self) -> dict[str, int]:
-        return self.point.coords
+        super().__init__(point, method, f"actor died: {detail}")
 
 
 class NoLiveActorsError(MeshError):
