@@ -1,0 +1,132 @@
+"""What the benchmark actors do, and the service times the driver draws for them.
+
+Service times are controlled: the driver draws every call's duration from a named distribution
+(the same draws, by seed, for every contender) and the actor sleeps or spins for it, multiplied by
+its own slowdown factor (a straggler is an actor with a factor of 10-20). Each call returns its
+token, the rank that ran it and the time it actually took, so the driver can attribute work to
+actors whatever API delivered the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+
+import numpy as np
+from ray import cloudpickle
+
+import actormesh as am
+
+# Actor processes may not have this repository on their path (an existing cluster, pytest's own
+# runtime_env): ship this module's code with the actor class instead of importing it by name.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class BenchWorker:
+    """A single-slot (synchronous) actor whose calls take a duration chosen by the driver."""
+
+    def __init__(self) -> None:
+        self.slowdown = 1.0
+
+    @am.method
+    def work(self, token: int, duration_s: float,
+             deadline: float = math.inf) -> tuple[int, int, float]:
+        """Sleep `duration_s` times this actor's slowdown; return (token, rank, seconds taken).
+
+        Past `deadline` (a `time.time()` value) the driver has stopped listening: the call returns
+        at once (taken -1), so a backlog left by a slow contender drains in milliseconds.
+        """
+        start = time.perf_counter()
+        left = deadline - time.time()
+        if left <= 0:
+            return token, am.current_rank().rank, -1.0
+        if duration_s > 0:
+            time.sleep(min(duration_s * self.slowdown, left))
+        return token, am.current_rank().rank, time.perf_counter() - start
+
+    @am.method
+    def spin(self, token: int, duration_s: float,
+             deadline: float = math.inf) -> tuple[int, int, float]:
+        """Busy-loop the CPU for `duration_s` times the slowdown (no sleep); see `work`."""
+        start = time.perf_counter()
+        if time.time() >= deadline:
+            return token, am.current_rank().rank, -1.0
+        end = start + duration_s * self.slowdown
+        while time.perf_counter() < end:
+            pass
+        return token, am.current_rank().rank, time.perf_counter() - start
+
+    @am.method
+    def noop(self, token: int) -> tuple[int, int, float]:
+        return token, am.current_rank().rank, 0.0
+
+    @am.method
+    def set_slowdown(self, factor: float) -> int:
+        self.slowdown = factor
+        return os.getpid()
+
+    @am.method
+    def ping(self) -> int:
+        return os.getpid()
+
+
+@dataclasses.dataclass(frozen=True)
+class Service:
+    """A service-time distribution with a given mean, in seconds.
+
+    `kind` is "exp", "lognormal" (shape `sigma`), "pareto" (tail index `alpha`) or "const".
+    Draws above `cap` × mean are clipped so that one draw cannot outlast the run; the clip touches
+    about 0.15 % of lognormal σ=2 draws and 0.05 % of Pareto α=1.5 draws at the default cap.
+    """
+
+    kind: str
+    mean_s: float
+    sigma: float = 2.0
+    alpha: float = 1.5
+    cap: float = 50.0
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        m = self.mean_s
+        if self.kind == "exp":
+            d = rng.exponential(m, n)
+        elif self.kind == "lognormal":
+            mu = np.log(m) - self.sigma**2 / 2  # so that the mean is m
+            d = rng.lognormal(mu, self.sigma, n)
+        elif self.kind == "pareto":
+            xm = m * (self.alpha - 1) / self.alpha  # so that the mean is m
+            d = xm * (1.0 + rng.pareto(self.alpha, n))
+        elif self.kind == "const":
+            d = np.full(n, m)
+        else:
+            raise ValueError(f"service kind {self.kind!r}: expected exp, lognormal, pareto or const")
+        return np.minimum(d, self.cap * m)
+
+    def describe(self) -> str:
+        ms = f"{self.mean_s * 1e3:g} ms"
+        return {
+            "exp": f"exponential, mean {ms}",
+            "lognormal": f"lognormal σ={self.sigma:g}, mean {ms}",
+            "pareto": f"Pareto α={self.alpha:g}, mean {ms}",
+            "const": f"constant {ms}",
+        }[self.kind]
+
+
+def poisson_arrivals(rng: np.random.Generator, rate_per_s: float, duration_s: float) -> np.ndarray:
+    """Arrival offsets (seconds from the start) of a Poisson process over `duration_s`."""
+    n = max(1, int(rate_per_s * duration_s * 1.3) + 16)
+    times = np.cumsum(rng.exponential(1.0 / rate_per_s, n))
+    while times[-1] < duration_s:
+        more = times[-1] + np.cumsum(rng.exponential(1.0 / rate_per_s, n))
+        times = np.concatenate([times, more])
+    return times[times < duration_s]
+
+
+def burst_arrivals(rng: np.random.Generator, burst: int, period_s: float,
+                   duration_s: float) -> np.ndarray:
+    """`burst` calls at once every `period_s` (the first burst at a random phase)."""
+    phase = rng.uniform(0, period_s)
+    starts = np.arange(phase, duration_s, period_s)
+    return np.repeat(starts, burst)
