@@ -245,20 +245,19 @@ class ActorMesh(Generic[T]):
         label = f"{self._root.label}.{name}.all"
         if options.timeout is not None:
             router.expire_after(options.timeout, calls, label)
-        return MeshFuture(parts, lambda values: ValueMesh(shape, values), label,
-                          cancel=lambda: router.cancel(calls, _cancelled(label)))
+        return MeshFuture(parts, lambda values: ValueMesh(shape, values), label, router, calls)
 
     def _call_choose(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                      options: CallOptions) -> MeshFuture[Any]:
         self._check_open(name)
         root = self._root
-        part = Part(None)
-        call = Call(name, args, kwargs, part, group=self._group, view=self._point_of,
-                    affinity=_affinity(root, options.affinity), retries=options.retries,
-                    return_exceptions=options.return_exceptions)
+        part = Part(None, self._point_of)
+        affinity = options.affinity
+        call = Call(name, args, kwargs, part, group=self._group,
+                    affinity=None if affinity is None else _affinity(root, affinity),
+                    retries=options.retries, return_exceptions=options.return_exceptions)
         label = f"{root.label}.{name}.choose"
-        future: MeshFuture[Any] = MeshFuture(
-            (part,), None, label, cancel=lambda: root.router.cancel((call,), _cancelled(label)))
+        future: MeshFuture[Any] = MeshFuture((part,), None, label, root.router, (call,))
         root.router.route(call)
         if options.timeout is not None:
             root.router.expire_after(options.timeout, (call,), label)
@@ -286,7 +285,7 @@ class ActorMesh(Generic[T]):
         if options.timeout is not None:
             router.expire_after(options.timeout, calls, label)
         return MeshFuture(parts, lambda values: plan.collect(dict(zip(positions, values))),
-                          label, cancel=lambda: router.cancel(calls, _cancelled(label)))
+                          label, router, calls)
 
 
 class _Methods:
@@ -311,8 +310,3 @@ class _Methods:
 def _affinity(root: _Root, key: Hashable | None) -> int | None:
     return root.keys.hash(key, remember=root.external) if key is not None else None
 
-
-def _cancelled(label: str) -> BaseException:
-    import concurrent.futures as cf
-
-    return cf.CancelledError(f"{label} was cancelled")

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
-from collections import deque
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import ray
 from ray.exceptions import ActorDiedError as RayActorDiedError
 from ray.exceptions import RayActorError, RayError, RayTaskError, TaskCancelledError
 
@@ -26,29 +25,36 @@ from ._errors import ActorDiedError, ActorError, MeshError, MeshTimeoutError, No
 from ._future import Part
 from ._shape import Point, Shape
 
-_PROBE_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # then every 2 s
+# A restarting actor fails probes until it is back (about 1-2 s here); probing is cheap.
+_PROBE_DELAYS_S = (0.02, 0.05, 0.1, 0.2)  # then every 0.2 s
 
 
 class Call:
     """One call to one actor: what to send, the part it resolves and, for `choose`, how to route."""
 
-    __slots__ = ("method", "args", "kwargs", "part", "group", "view", "affinity", "retries",
-                 "return_exceptions", "ticket")
+    __slots__ = ("method", "args", "kwargs", "part", "group", "affinity", "retries",
+                 "return_exceptions", "ticket", "router", "actor", "started")
 
     def __init__(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], part: Part,
-                 *, group: int = -1, view: Callable[[int], Point] | None = None,
-                 affinity: int | None = None, retries: int = 0,
+                 *, group: int = -1, affinity: int | None = None, retries: int = 0,
                  return_exceptions: bool = False) -> None:
         self.method = method
         self.args = args
         self.kwargs = kwargs
         self.part = part
         self.group = group  # the scheduler group `choose` routes in; -1 for a call sent directly
-        self.view = view  # actor index -> its point in the calling view, for `choose`
         self.affinity = affinity
         self.retries = retries
         self.return_exceptions = return_exceptions
         self.ticket = 0  # set while the call waits in the scheduler's queue
+        self.router: Router | None = None  # set with `actor` and `started` when sent
+        self.actor = -1
+        self.started = 0.0
+
+    def on_result(self, result: Any) -> None:
+        """The Ray completion callback (a bound method: no closure to allocate per call)."""
+        assert self.router is not None
+        self.router._finish(self.actor, self, self.started, result)
 
 
 class Router:
@@ -113,19 +119,19 @@ class Router:
 
     def _send(self, actor: int, call: Call) -> None:
         call.ticket = 0
-        if call.view is not None:
-            call.part.point = call.view(actor)
+        call.part.locate(actor)
         remote = self._remote.get((actor, call.method))
         if remote is None:
             remote = self._remote[(actor, call.method)] = getattr(self.handles[actor], call.method)
-        started = time.perf_counter()
+        call.router, call.actor = self, actor
+        started = call.started = time.perf_counter()
         try:
             ref = remote.remote(*call.args, **call.kwargs)
         except Exception as err:  # e.g. an argument that cannot be serialised
             self._finish(actor, call, started, err, failed=True)
             return
         call.part.ref = ref
-        ref._on_completed(lambda result: self._finish(actor, call, started, result))  # pyright: ignore[reportUnknownLambdaType]
+        ref._on_completed(call.on_result)
 
     def _dispatch(self, decisions: Sequence[_native.Decision]) -> None:
         """Send the queued calls the scheduler has just given a slot."""
@@ -154,9 +160,12 @@ class Router:
         try:
             return drain()
         except _native.PickerError as err:
-            cause = err.__cause__ or err
-            self._orphan(err.failed, lambda: cause)
-            return list(err.dispatched)
+            return self._picker_failed(err)
+
+    def _picker_failed(self, err: _native.PickerError) -> list[_native.Decision]:
+        cause = err.__cause__ or err
+        self._orphan(err.failed, lambda: cause)
+        return list(err.dispatched)
 
     def _orphan(self, tickets: Sequence[int], error: Callable[[], BaseException]) -> None:
         """Fail the calls of tickets the scheduler gave up; those not filed yet fail when filed."""
@@ -178,7 +187,12 @@ class Router:
         died = isinstance(result, RayActorError)
         if died:
             self._on_death(actor)
-        self._dispatch(self._complete(actor, started, time.perf_counter(), not failed))
+        try:
+            drained = self.scheduler.complete(actor, started, time.perf_counter(), not failed)
+        except _native.PickerError as err:
+            drained = self._picker_failed(err)
+        if drained:
+            self._dispatch(drained)
         if died and call.retries > 0 and call.group >= 0:
             call.retries -= 1
             self.route(call)
@@ -186,13 +200,13 @@ class Router:
         if failed:
             self._fail(call, self._error(actor, call.method, result))
         else:
-            _settle(call.part.future, result, None)
+            call.part.result.settle(result, None)  # a second outcome (late, after a timeout) is dropped
 
     def _fail(self, call: Call, error: BaseException) -> None:
         if call.return_exceptions:
-            _settle(call.part.future, error, None)
+            call.part.result.settle(error, None)
         else:
-            _settle(call.part.future, None, error)
+            call.part.result.settle(None, error)
 
     def _error(self, actor: int, method: str, result: BaseException) -> BaseException:
         point = self.points[actor]
@@ -208,16 +222,19 @@ class Router:
 
     # -- cancellation and timeouts ------------------------------------------------------------
     def cancel(self, calls: Sequence[Call], error: BaseException) -> None:
-        """Drop the calls still queued, cancel the ones sent, and settle all with `error`."""
+        """Drop the calls still queued and settle every call not yet done with `error`.
+
+        A call already sent runs to its end and its result is dropped: `ray.cancel` of a call
+        waiting in a synchronous actor's queue can stall that actor (Ray 2.60 then times out the
+        actor's next call after 30 s), and the slot is freed by the call's own completion anyway.
+        """
         for call in calls:
-            if call.part.future.done():
+            if call.part.result.done():
                 continue
             with self._qlock:
                 queued = self._queued.pop(call.ticket, None) if call.ticket else None
                 if queued is not None and not self.scheduler.cancel(queued.ticket):
                     self._abandoned.add(queued.ticket)
-            if queued is None and call.part.ref is not None:
-                ray.cancel(call.part.ref)
             self._fail(call, error)
 
     def expire_after(self, timeout_s: float, calls: Sequence[Call], label: str) -> None:
@@ -279,13 +296,3 @@ class Router:
             self.scheduler.cancel(call.ticket)
             self._fail(call, MeshError("the mesh was shut down before this call was sent"))
 
-
-def _settle(future: cf.Future[Any], value: Any, error: BaseException | None) -> None:
-    """Resolve a part once; a second outcome (a late result after a timeout) is dropped."""
-    try:
-        if error is None:
-            future.set_result(value)
-        else:
-            future.set_exception(error)
-    except cf.InvalidStateError:
-        pass

@@ -37,19 +37,14 @@ def _ignore(token: int, value: Any, error: BaseException | None) -> None:
 
 def _when_done(future: am.MeshFuture[Any], fn: Callable[[Any, BaseException | None], None]) -> None:
     """Call `fn(value, error)` when a MeshFuture settles, on the thread that settles it."""
-    add = getattr(future, "add_done_callback", None)
-    if add is not None:
-        add(lambda f: fn(*_outcome(f)))
-        return
-    # MeshFuture has no public completion callback yet: its result is a concurrent Future.
-    future._result.add_done_callback(lambda f: fn(*_outcome(f)))
+    future.add_done_callback(lambda f: fn(*_outcome(f)))
 
 
-def _outcome(future: Any) -> tuple[Any, BaseException | None]:
-    if hasattr(future, "exception"):
-        error = future.exception()
-        return (None, error) if error is not None else (future.result(), None)
-    return future.get(), None
+def _outcome(future: am.MeshFuture[Any]) -> tuple[Any, BaseException | None]:
+    try:
+        return future.get(timeout=0), None
+    except Exception as error:  # the call's own error, reported as an outcome
+        return None, error
 
 
 class Contender:

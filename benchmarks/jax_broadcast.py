@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 import ray
-from actormesh.integrations.jax import JaxMesh
 
 import actormesh as am
+from actormesh.integrations.jax import JaxMesh
 
 
 class Consumer:

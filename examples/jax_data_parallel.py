@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import ray
-from actormesh.integrations.jax import JaxMesh, checkpoint
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import actormesh as am
+from actormesh.integrations.jax import JaxMesh, checkpoint
 
 Params = dict[str, jax.Array]
 

@@ -8,12 +8,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from actormesh.integrations.jax import checkpoint
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import actormesh as am
+from actormesh.integrations.jax import checkpoint
 
 
 class JaxWorker:

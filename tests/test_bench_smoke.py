@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("rich")
-# benchmarks/ is a top-level folder of the repository, not part of the installed package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import __main__ as bench  # noqa: E402
+from benchmarks import __main__ as bench  # noqa: E402  (the repository root is on pythonpath)
 from benchmarks import metrics, sim  # noqa: E402
 from benchmarks.workloads import Service  # noqa: E402
 
