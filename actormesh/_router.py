@@ -80,6 +80,10 @@ class Router:
         self._abandoned: set[int] = set()
         self._qlock = threading.Lock()
         self._dead: set[int] = set()
+        # The pending watch and probe call per actor. Held, because Ray may never run the
+        # completion callback of an ObjectRef nobody references.
+        self._watches: dict[int, Any] = {}
+        self._probes: dict[int, Any] = {}
         self._deaths = [0] * len(self.handles)
         self._closed = False
 
@@ -244,7 +248,7 @@ class Router:
     # -- failures and restarts ----------------------------------------------------------------
     def watch(self, actor: int) -> None:
         """Keep a never-returning call pending on `actor`: its failure is the death notice."""
-        ref = getattr(self.handles[actor], WATCH).remote()
+        ref = self._watches[actor] = getattr(self.handles[actor], WATCH).remote()
         ref._on_completed(lambda result: self._watched(actor, result))  # pyright: ignore[reportUnknownLambdaType]
 
     def _watched(self, actor: int, result: Any) -> None:
@@ -266,7 +270,7 @@ class Router:
         """Wait for a restarting actor to answer; then route to it again."""
         if self._closed:
             return
-        ref = self.handles[actor].__ray_ready__.remote()
+        ref = self._probes[actor] = self.handles[actor].__ray_ready__.remote()
         ref._on_completed(lambda result: self._probed(actor, attempt, result))  # pyright: ignore[reportUnknownLambdaType]
 
     def _probed(self, actor: int, attempt: int, result: Any) -> None:
