@@ -16,7 +16,7 @@ $(VENV)/.base: pyproject.toml constraints.txt
 	@touch $@
 
 $(VENV)/.test: $(VENV)/.base
-	$(INSTALL) ".[test,dev,jax,bench]" -q
+	$(INSTALL) ".[test,dev,jax,torch,bench]" -q
 	@touch $@
 
 $(VENV)/.bench: $(VENV)/.base
