@@ -287,9 +287,6 @@ class Router:
         self.watch(actor)
         self._dispatch(self._drained(lambda: self.scheduler.mark_alive(actor)))
 
-    def is_dead(self, actor: int) -> bool:
-        return actor in self._dead
-
     def close(self) -> None:
         """Fail every queued call; later calls fail at once."""
         self._closed = True
