@@ -235,17 +235,10 @@ class ActorMesh(Generic[T]):
     def _call_all(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                   options: CallOptions) -> MeshFuture[ValueMesh[Any]]:
         self._check_open(name)
-        shape, actors, router = self._shape, self._actors, self._root.router
-        args, kwargs = _share.share_args(args, kwargs, len(actors))
-        parts = [Part(Point(rank, shape)) for rank in range(len(actors))]
-        calls = [Call(name, args, kwargs, part, return_exceptions=options.return_exceptions)
-                 for part in parts]
-        for actor, call in zip(actors, calls):
-            router.send(actor, call)
-        label = f"{self._root.label}.{name}.all"
-        if options.timeout is not None:
-            router.expire_after(options.timeout, calls, label)
-        return MeshFuture(parts, lambda values: ValueMesh(shape, values), label, router, calls)
+        shape = self._shape
+        every = {position: (args, kwargs) for position in range(len(self._actors))}
+        return self._send_plan(name, "all", every, lambda values: ValueMesh(shape, values),
+                               options, return_exceptions=options.return_exceptions)
 
     def _call_choose(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                      options: CallOptions) -> MeshFuture[Any]:
@@ -273,19 +266,28 @@ class ActorMesh(Generic[T]):
                 f"@am.method(dispatch=am.dispatch.split()) or call "
                 f"mesh.methods.{name}.options(dispatch=...).shard(...)"
             )
-        shape, router = self._shape, self._root.router
-        plan = dispatch.plan(shape, args, kwargs)  # checks positions before anything is sent
+        plan = dispatch.plan(self._shape, args, kwargs)  # checks positions before anything is sent
         positions = sorted(plan.calls)
-        shared = _share.share_plan(plan.calls)
+        return self._send_plan(name, "shard", plan.calls,
+                               lambda values: plan.collect(dict(zip(positions, values))), options)
+
+    def _send_plan(self, name: str, verb: str, plan: _share.Plan,
+                   combine: Callable[[list[Any]], Any], options: CallOptions,
+                   return_exceptions: bool = False) -> MeshFuture[Any]:
+        """Send each position of this view its arguments (shared objects put once); one future
+        combines the results, in position order."""
+        shape, router = self._shape, self._root.router
+        positions = sorted(plan)
+        shared = _share.share_plan(plan)
         parts = [Part(Point(p, shape)) for p in positions]
-        calls = [Call(name, *shared[p], part) for p, part in zip(positions, parts)]
+        calls = [Call(name, *shared[p], part, return_exceptions=return_exceptions)
+                 for p, part in zip(positions, parts)]
         for p, call in zip(positions, calls):
             router.send(self._actors[p], call)
-        label = f"{self._root.label}.{name}.shard"
+        label = f"{self._root.label}.{name}.{verb}"
         if options.timeout is not None:
             router.expire_after(options.timeout, calls, label)
-        return MeshFuture(parts, lambda values: plan.collect(dict(zip(positions, values))),
-                          label, router, calls)
+        return MeshFuture(parts, combine, label, router, calls)
 
 
 class _Methods:

@@ -54,7 +54,7 @@ class Call:
     def on_result(self, result: Any) -> None:
         """The Ray completion callback (a bound method: no closure to allocate per call)."""
         assert self.router is not None
-        self.router._finish(self.actor, self, self.started, result)
+        self.router._finish(self, result)
 
 
 class Router:
@@ -128,11 +128,11 @@ class Router:
         if remote is None:
             remote = self._remote[(actor, call.method)] = getattr(self.handles[actor], call.method)
         call.router, call.actor = self, actor
-        started = call.started = time.perf_counter()
+        call.started = time.perf_counter()
         try:
             ref = remote.remote(*call.args, **call.kwargs)
         except Exception as err:  # e.g. an argument that cannot be serialised
-            self._finish(actor, call, started, err, failed=True)
+            self._finish(call, err, failed=True)
             return
         call.part.ref = ref
         ref._on_completed(call.on_result)
@@ -157,16 +157,13 @@ class Router:
 
     def _complete(self, actor: int, started: float, ended: float, ok: bool) -> list[_native.Decision]:
         """End one call in the scheduler; return the queued calls it gave a slot."""
-        return self._drained(lambda: self.scheduler.complete(actor, started, ended, ok))
-
-    def _drained(self, drain: Callable[[], list[_native.Decision]]) -> list[_native.Decision]:
-        """Run a scheduler drain; queued calls a Python Balancer failed on are failed, not lost."""
         try:
-            return drain()
+            return self.scheduler.complete(actor, started, ended, ok)
         except _native.PickerError as err:
             return self._picker_failed(err)
 
     def _picker_failed(self, err: _native.PickerError) -> list[_native.Decision]:
+        """A Python Balancer raised while queued calls were drained: fail those, lose none."""
         cause = err.__cause__ or err
         self._orphan(err.failed, lambda: cause)
         return list(err.dispatched)
@@ -184,17 +181,14 @@ class Router:
             self._fail(call, error())
 
     # -- completion -------------------------------------------------------------------------
-    def _finish(self, actor: int, call: Call, started: float, result: Any,
-                failed: bool | None = None) -> None:
+    def _finish(self, call: Call, result: Any, failed: bool | None = None) -> None:
+        actor = call.actor
         if failed is None:
             failed = isinstance(result, RayError)
         died = isinstance(result, RayActorError)
         if died:
             self._on_death(actor)
-        try:
-            drained = self.scheduler.complete(actor, started, time.perf_counter(), not failed)
-        except _native.PickerError as err:
-            drained = self._picker_failed(err)
+        drained = self._complete(actor, call.started, time.perf_counter(), not failed)
         if drained:
             self._dispatch(drained)
         if died and call.retries > 0 and call.group >= 0:
@@ -285,7 +279,11 @@ class Router:
         with self._qlock:
             self._dead.discard(actor)
         self.watch(actor)
-        self._dispatch(self._drained(lambda: self.scheduler.mark_alive(actor)))
+        try:
+            drained = self.scheduler.mark_alive(actor)
+        except _native.PickerError as err:
+            drained = self._picker_failed(err)
+        self._dispatch(drained)
 
     def close(self) -> None:
         """Fail every queued call; later calls fail at once."""

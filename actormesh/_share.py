@@ -3,7 +3,8 @@
 Ray copies an argument into each call's request, or puts it again for each call when it is
 larger than its inline limit; a batch broadcast to N actors would be written N times. Here every
 large top-level argument sent to more than one actor is put once and each call gets its ref.
-Arguments are matched by identity, so a dispatch shares a chunk by passing the same object.
+Arguments are matched by identity, so `all` (the same arguments everywhere) and a dispatch that
+shares a chunk by passing the same object go through the same path.
 """
 
 from __future__ import annotations
@@ -31,18 +32,6 @@ def is_large(value: Any) -> bool:
     if isinstance(value, (list, tuple, dict, set)):
         return len(value) >= LARGE_LEN
     return False
-
-
-def share_args(
-    args: tuple[Any, ...], kwargs: dict[str, Any], copies: int
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The same arguments for `copies` actors, large ones replaced by one put each."""
-    if copies < 2:
-        return args, kwargs
-    return (
-        tuple(ray.put(a) if is_large(a) else a for a in args),
-        {k: ray.put(v) if is_large(v) else v for k, v in kwargs.items()},
-    )
 
 
 def share_plan(plan: Plan) -> dict[int, tuple[tuple[Any, ...], dict[str, Any]]]:
