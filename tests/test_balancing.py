@@ -28,7 +28,9 @@ def test_calls_beyond_max_in_flight_wait_and_are_sent_as_slots_free(
     for _i in range(20):
         futures.append(pair.methods.sleep.choose(0.01))
         assert max(pair.load()) <= 1
-    assert sorted(Counter(f.get(timeout=60) for f in futures).values()) == [10, 10]
+    served = Counter(f.get(timeout=60) for f in futures)
+    # Every call answered once, by both actors; the split follows which actor frees first.
+    assert sum(served.values()) == 20 and set(served) == {0, 1}
     assert pair.load() == [0, 0]
 
 
