@@ -1,14 +1,21 @@
 """Results of mesh calls: `MeshFuture` (one pending result) and `ValueMesh` (values on a shape).
 
-A call is made of parts, one per actor called. Each part holds a `Result` that the completion
+A call is made of parts, one per actor called. Each part is a `Result` that the completion
 callback of its Ray call settles, so waiting, awaiting and consuming results as they complete all
-go through the same objects, whichever thread Ray completes them on. `Result` is deliberately
-small (a few slots; an event only once somebody blocks): a `choose` makes one per call, and every
-tracked object a call allocates is work for the garbage collector while thousands are in flight.
+go through the same objects, whichever thread Ray completes them on. They are deliberately small
+(a few slots; an event only once somebody blocks) and few: a `choose` is one object (the router's
+`Call`, a `Part`, a `Result`) and its future, because every object a call leaves alive is work
+for the garbage collector while thousands of calls are in flight.
+
+A `Result` may also be settled *ready*: the call has finished and its value sits in an ObjectRef
+that is read (deserialised, a Ray error mapped to ours) only when somebody first asks for it, on
+that caller's thread. `choose` settles this way, so the completion callback Ray runs per call
+stays a few microseconds of Python and the value is deserialised once, where it is used.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import itertools
 import queue
@@ -24,34 +31,76 @@ from ._shape import IndexKey, Point, Shape
 R = TypeVar("R")
 V = TypeVar("V")
 
-_PENDING, _VALUE, _ERROR = 0, 1, 2
+_PENDING, _VALUE, _ERROR, _READY = 0, 1, 2, 3
 _settling = threading.Lock()  # one for all results: held for a few bytecodes, never while waiting
+
+Outcome = tuple[Any, "BaseException | None"]
+"""`(value, None)` or `(None, error)`: what a call ended with."""
 
 
 class Result:
-    """A value or an error that arrives once, from any thread."""
+    """A value or an error that arrives once, from any thread.
 
-    __slots__ = ("_state", "_value", "_callbacks", "_event")
+    Readers check `_state` without the lock, so a writer stores `_value` before `_state`.
+    """
+
+    __slots__ = ("_state", "_value", "_callbacks", "_gate")
 
     def __init__(self) -> None:
         self._state = _PENDING
-        self._value: Any = None
+        self._value: Any = None  # the value, the error, or (ready) the ObjectRef holding the value
         self._callbacks: list[Callable[[Result], object]] | None = None
-        self._event: threading.Event | None = None
+        # Taken (locked) while somebody blocks in `wait`; released once settled. Each waiter
+        # passes it on, so every waiter wakes. A bare lock: `threading.Event` costs a Condition.
+        self._gate: _thread.LockType | None = None
 
     def settle(self, value: Any, error: BaseException | None) -> bool:
         """Set the outcome; False (and nothing changes) if it was already set."""
+        return self._settle(_VALUE, value) if error is None else self._settle(_ERROR, error)
+
+    def settle_ready(self, ref: ray.ObjectRef[Any]) -> bool:
+        """Settle with the value `ref` holds, read when first asked for (a Ray error raised then
+        gives the outcome `self._raised(error)`). False if the result was already set."""
+        return self._settle(_READY, ref)
+
+    def _raised(self, error: Exception) -> Outcome:
+        """The outcome when reading a ready value raises `error`."""
+        return None, error
+
+    def _settle(self, state: int, value: Any) -> bool:
         with _settling:
             if self._state != _PENDING:
                 return False
-            self._state, self._value = (_VALUE, value) if error is None else (_ERROR, error)
+            self._value = value
+            self._state = state
             callbacks, self._callbacks = self._callbacks, None
-            event = self._event
-        if event is not None:
-            event.set()
+            gate = self._gate
+        if gate is not None:
+            gate.release()
         for callback in callbacks or ():
             callback(self)
         return True
+
+    def _ready(self) -> ray.ObjectRef[Any] | None:
+        with _settling:
+            return self._value if self._state == _READY else None
+
+    def _read(self) -> None:
+        """Read a ready value (no-op otherwise). Two threads may read at once; the first wins."""
+        ref = self._ready()
+        if ref is not None:
+            try:
+                outcome: Outcome = (ray.get(ref), None)
+            except Exception as err:  # noqa: BLE001 - every Ray error the call can end with
+                outcome = self._raised(err)
+            self._resolve(outcome)
+
+    def _resolve(self, outcome: Outcome) -> None:
+        value, error = outcome
+        with _settling:
+            if self._state == _READY:
+                self._value = value if error is None else error
+                self._state = _VALUE if error is None else _ERROR
 
     def done(self) -> bool:
         return self._state != _PENDING
@@ -72,16 +121,24 @@ class Result:
         with _settling:
             if self._state != _PENDING:
                 return True
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return event.wait(timeout)
+            if self._gate is None:
+                self._gate = _thread.allocate_lock()
+                self._gate.acquire()
+            gate = self._gate
+        if not gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            return False
+        gate.release()  # for the next waiter
+        return True
 
     def error(self) -> BaseException | None:
+        if self._state == _READY:
+            self._read()
         return self._value if self._state == _ERROR else None
 
     def value(self) -> Any:
         """The value, or raise the error (the result must be settled)."""
+        if self._state == _READY:
+            self._read()
         if self._state == _ERROR:
             raise self._value
         return self._value
@@ -101,6 +158,13 @@ class Result:
 
             self.add_done_callback(wake)
             await woken
+        ref = self._ready()
+        if ref is not None:  # read it the way Ray awaits a value, off this loop's thread
+            try:
+                outcome: Outcome = (await ref, None)
+            except Exception as err:  # noqa: BLE001 - every Ray error the call can end with
+                outcome = self._raised(err)
+            self._resolve(outcome)
         return self.value()
 
 
@@ -164,35 +228,32 @@ class ValueMesh(Generic[R]):
         return f"ValueMesh({self._shape}, {self._values!r})"
 
 
-class Part:
-    """One actor's share of a call: its result, its point and, once sent, its ObjectRef.
+class Part(Result):
+    """One actor's share of a call: its result, its point and, once sent, its actor and ObjectRef.
 
-    For `choose` the point is known only once the scheduler has picked the actor: `locate`
-    records the actor, and the point is built from it only if somebody asks.
+    For `choose` the point is known only once the scheduler has picked the actor: `actor` is set
+    then, and the point is built from it (by `view`) only if somebody asks.
     """
 
-    __slots__ = ("result", "ref", "_point", "_actor", "_view")
+    __slots__ = ("ref", "actor", "_point", "_view")
 
     def __init__(self, point: Point | None, view: Callable[[int], Point] | None = None) -> None:
-        self.result = Result()
+        super().__init__()
         self.ref: ray.ObjectRef[Any] | None = None
+        self.actor = -1
         self._point = point
         self._view = view
-        self._actor = -1
-
-    def locate(self, actor: int) -> None:
-        self._actor = actor
 
     @property
     def point(self) -> Point:
         if self._point is None:
-            assert self._view is not None and self._actor >= 0, "the call was never sent"
-            self._point = self._view(self._actor)
+            assert self._view is not None and self.actor >= 0, "the call was never sent"
+            self._point = self._view(self.actor)
         return self._point
 
 
 class Canceller(Protocol):
-    """What can cancel the calls behind a future (the router)."""
+    """What can cancel the calls behind a future (the router, whose calls are the parts)."""
 
     def cancel(self, calls: Sequence[Any], error: BaseException) -> None: ...
 
@@ -200,7 +261,7 @@ class Canceller(Protocol):
 class MeshFuture(Generic[R]):
     """A pending result of `all`, `choose` or `shard`: `.get()`, `await`, or per-actor as completed."""
 
-    __slots__ = ("_parts", "_result", "_label", "_owner", "_calls")
+    __slots__ = ("_parts", "_result", "_label", "_owner")
 
     def __init__(
         self,
@@ -208,14 +269,13 @@ class MeshFuture(Generic[R]):
         combine: Callable[[list[Any]], R] | None,
         label: str,
         owner: Canceller | None = None,
-        calls: Sequence[Any] = (),
     ) -> None:
         self._parts = parts
         self._label = label
         self._owner = owner
-        self._calls = calls
+        self._result: Result
         if combine is None:  # a single part whose value is the result (choose)
-            self._result = parts[0].result
+            self._result = parts[0]
         else:
             self._result = Result()
             _when_all(parts, combine, self._result)
@@ -244,7 +304,7 @@ class MeshFuture(Generic[R]):
         if self._owner is not None:
             import concurrent.futures as cf
 
-            self._owner.cancel(self._calls, cf.CancelledError(f"{self._label} was cancelled"))
+            self._owner.cancel(self._parts, cf.CancelledError(f"{self._label} was cancelled"))
 
     @property
     def refs(self) -> list[ray.ObjectRef[Any]]:
@@ -269,7 +329,7 @@ class MeshFuture(Generic[R]):
         """Yield `(point, value)` per actor as each finishes; a failed part raises its error."""
         finished: queue.SimpleQueue[Part] = queue.SimpleQueue()
         for part in self._parts:
-            part.result.add_done_callback(_put_when_done(finished, part))
+            part.add_done_callback(_put_when_done(finished, part))
         deadline = None if timeout is None else time.monotonic() + timeout
         for _ in self._parts:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -277,7 +337,7 @@ class MeshFuture(Generic[R]):
                 part = finished.get(timeout=left)
             except queue.Empty:
                 raise TimeoutError(f"{self._label}: not every actor answered within {timeout} s") from None
-            yield part.point, part.result.value()
+            yield part.point, part.value()
 
     @overload
     def __aiter__(self: MeshFuture[ValueMesh[V]]) -> AsyncIterator[tuple[Point, V]]: ...
@@ -285,7 +345,7 @@ class MeshFuture(Generic[R]):
     def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]: ...
     async def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]:
         async def one(part: Part) -> tuple[Point, Any]:
-            value = await part.result.wait_async()
+            value = await part.wait_async()
             return part.point, value
 
         for next_done in asyncio.as_completed([one(p) for p in self._parts]):
@@ -314,7 +374,7 @@ def _when_all(parts: Sequence[Part], combine: Callable[[list[Any]], R], out: Res
             out.settle(None, error)
         if next(finished) == total and not out.done():
             try:
-                values = [p.result.value() for p in parts]
+                values = [p.value() for p in parts]
             except BaseException as err:  # noqa: BLE001 - a part's error, already settled above
                 out.settle(None, err)
                 return
@@ -324,4 +384,4 @@ def _when_all(parts: Sequence[Part], combine: Callable[[list[Any]], R], out: Res
                 out.settle(None, err)
 
     for part in parts:
-        part.result.add_done_callback(on_part_done)
+        part.add_done_callback(on_part_done)

@@ -12,7 +12,7 @@ from . import _share
 from ._actor import Identity, method_def, remote_class
 from ._balancer import ActorLoad, AffinityKeys, Balancer, BalancerSpec, make_scheduler
 from ._errors import MeshError
-from ._future import MeshFuture, Part, ValueMesh
+from ._future import MeshFuture, ValueMesh
 from ._method import CallOptions, MeshMethod
 from ._placement import Placed, Placement
 from ._router import Call, Router
@@ -140,6 +140,7 @@ class ActorMesh(Generic[T]):
         local = {actor: rank for rank, actor in enumerate(actors)}
         self._point_of: Callable[[int], Point] = lambda actor: Point(local[actor], shape)
         self._methods = _Methods(self)
+        self._choose_labels: dict[str, str] = {}  # by method: `choose` is the hot path
 
     def _subview(self, selection: Selection) -> ActorMesh[T]:
         view: ActorMesh[T] = object.__new__(ActorMesh)
@@ -242,15 +243,17 @@ class ActorMesh(Generic[T]):
 
     def _call_choose(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                      options: CallOptions) -> MeshFuture[Any]:
-        self._check_open(name)
         root = self._root
-        part = Part(None, self._point_of)
+        if root.shut:
+            self._check_open(name)
         affinity = options.affinity
-        call = Call(name, args, kwargs, part, group=self._group,
+        call = Call(name, args, kwargs, None, self._point_of, group=self._group,
                     affinity=None if affinity is None else _affinity(root, affinity),
                     retries=options.retries, return_exceptions=options.return_exceptions)
-        label = f"{root.label}.{name}.choose"
-        future: MeshFuture[Any] = MeshFuture((part,), None, label, root.router, (call,))
+        label = self._choose_labels.get(name)
+        if label is None:
+            label = self._choose_labels[name] = f"{root.label}.{name}.choose"
+        future: MeshFuture[Any] = MeshFuture((call,), None, label, root.router)
         root.router.route(call)
         if options.timeout is not None:
             root.router.expire_after(options.timeout, (call,), label)
@@ -279,15 +282,14 @@ class ActorMesh(Generic[T]):
         shape, router = self._shape, self._root.router
         positions = sorted(plan)
         shared = _share.share_plan(plan)
-        parts = [Part(Point(p, shape)) for p in positions]
-        calls = [Call(name, *shared[p], part, return_exceptions=return_exceptions)
-                 for p, part in zip(positions, parts)]
+        calls = [Call(name, *shared[p], Point(p, shape), return_exceptions=return_exceptions)
+                 for p in positions]
         for p, call in zip(positions, calls):
             router.send(self._actors[p], call)
         label = f"{self._root.label}.{name}.{verb}"
         if options.timeout is not None:
             router.expire_after(options.timeout, calls, label)
-        return MeshFuture(parts, combine, label, router, calls)
+        return MeshFuture(calls, combine, label, router)
 
 
 class _Methods:

@@ -5,56 +5,99 @@ or `Router.route` (the native scheduler picks: `choose`). Either way the actor's
 goes up when the call is sent and down in the call's completion callback, which fires once for
 every way a call ends: result, error, cancellation, actor death. Calls the scheduler queued (all
 candidates at `max_in_flight`) are sent from that callback as slots free, never by polling.
+
+Two callbacks, by what the router needs to know. `all` and `shard` combine values and a call with
+`retries` must see an actor death, so theirs (`_on_completed`) gets the value. A plain `choose`
+only frees its slot: `_on_ready` says the call ended without reading its value, which `get()`
+reads later on the caller's thread. That keeps the per-call work on Ray's callback thread, where
+it competes with the caller for the GIL, to a few microseconds.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import importlib
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ray
 from ray.exceptions import ActorDiedError as RayActorDiedError
 from ray.exceptions import RayActorError, RayError, RayTaskError, TaskCancelledError
 
 from . import _native, _timers
 from ._actor import WATCH
 from ._errors import ActorDiedError, ActorError, MeshError, MeshTimeoutError, NoLiveActorsError
-from ._future import Part
+from ._future import Outcome, Part
 from ._shape import Point, Shape
+
+# `ObjectRef._on_ready` (Ray >= 2.60) tells a call has ended without reading its value.
+_ON_READY = hasattr(ray.ObjectRef, "_on_ready")
+_NO_KWARGS: dict[str, Any] = {}  # never written to
+try:
+    _ray_worker: Any = importlib.import_module("ray._private.worker")  # internals, for `_inline`
+except ImportError:
+    _ray_worker = None
+
+
+def _inline(ref: ray.ObjectRef[Any]) -> bool:
+    """Whether `ref`'s value came back inline with the reply (small; every error does), so that
+    reading it on Ray's callback thread cannot wait on a transfer from another node."""
+    try:
+        core_worker = _ray_worker.global_worker.core_worker
+        return bool(core_worker.object_exists(ref, memory_store_only=True))
+    except AttributeError:  # not the internals of the Ray this was built for: assume small
+        return True
+
 
 # A restarting actor fails probes until it is back (about 1-2 s here); probing is cheap.
 _PROBE_DELAYS_S = (0.02, 0.05, 0.1, 0.2)  # then every 0.2 s
 
 
-class Call:
-    """One call to one actor: what to send, the part it resolves and, for `choose`, how to route."""
+class Call(Part):
+    """One call to one actor: what to send, how to route it (`choose`), and its outcome (a `Part`).
 
-    __slots__ = ("method", "args", "kwargs", "part", "group", "affinity", "retries",
-                 "return_exceptions", "ticket", "router", "actor", "started")
+    One object from `choose` to the completion callback, which is the call itself (`__call__`):
+    nothing else is allocated per call to keep alive while it is in flight.
+    """
 
-    def __init__(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], part: Part,
+    __slots__ = ("method", "args", "kwargs", "group", "affinity", "retries", "return_exceptions",
+                 "ticket", "router", "started")
+
+    def __init__(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 point: Point | None = None, view: Callable[[int], Point] | None = None,
                  *, group: int = -1, affinity: int | None = None, retries: int = 0,
                  return_exceptions: bool = False) -> None:
+        super().__init__(point, view)
         self.method = method
         self.args = args
         self.kwargs = kwargs
-        self.part = part
         self.group = group  # the scheduler group `choose` routes in; -1 for a call sent directly
         self.affinity = affinity
         self.retries = retries
         self.return_exceptions = return_exceptions
         self.ticket = 0  # set while the call waits in the scheduler's queue
         self.router: Router | None = None  # set with `actor` and `started` when sent
-        self.actor = -1
         self.started = 0.0
 
+    def __call__(self, error: BaseException | None) -> None:
+        """Ray's `_on_ready` callback: the call ended; its value is read when asked for."""
+        assert self.router is not None
+        self.router._ready(self, error)
+
     def on_result(self, result: Any) -> None:
-        """The Ray completion callback (a bound method: no closure to allocate per call)."""
+        """Ray's `_on_completed` callback, with the value or the error."""
         assert self.router is not None
         self.router._finish(self, result)
+
+    def _raised(self, error: Exception) -> Outcome:
+        # Not a death notice: the value may be read long after the actor came back; the watch
+        # call the router keeps on every actor reports deaths.
+        assert self.router is not None
+        mapped = self.router._error(self.actor, self.method, error)
+        return (mapped, None) if self.return_exceptions else (None, mapped)
 
 
 class Router:
@@ -123,7 +166,6 @@ class Router:
 
     def _send(self, actor: int, call: Call) -> None:
         call.ticket = 0
-        call.part.locate(actor)
         remote = self._remote.get((actor, call.method))
         if remote is None:
             remote = self._remote[(actor, call.method)] = getattr(self.handles[actor], call.method)
@@ -134,8 +176,13 @@ class Router:
         except Exception as err:  # e.g. an argument that cannot be serialised
             self._finish(call, err, failed=True)
             return
-        call.part.ref = ref
-        ref._on_completed(call.on_result)
+        call.ref = ref
+        if call.group < 0 or call.retries > 0 or not _ON_READY:
+            ref._on_completed(call.on_result)  # the outcome is needed now: to combine, to retry
+        else:
+            ref._on_ready(call)
+        if not call.retries:  # Ray holds what it sent; free the caller's objects with its future
+            call.args, call.kwargs = (), _NO_KWARGS
 
     def _dispatch(self, decisions: Sequence[_native.Decision]) -> None:
         """Send the queued calls the scheduler has just given a slot."""
@@ -181,11 +228,37 @@ class Router:
             self._fail(call, error())
 
     # -- completion -------------------------------------------------------------------------
+    def _ready(self, call: Call, error: BaseException | None) -> None:
+        """A `choose` call ended: free its slot now; its value is read when asked for.
+
+        With calls queued, the slot may go straight to one of them, so the outcome is read first
+        (as `_finish` does) lest a queued call follow this one to an actor that just died.
+        Otherwise the scheduler counts the call's time as a service-time sample whether it
+        returned or raised, and the actor's watch call reports its death.
+        """
+        ref = call.ref
+        assert ref is not None
+        if error is not None:  # the value will never exist (e.g. its owner lost it)
+            self._finish(call, error, failed=True)
+            return
+        if self.scheduler.queued() and _inline(ref):
+            try:
+                value = ray.get(ref)
+            except RayError as err:
+                self._finish(call, err, failed=True)
+            else:
+                self._finish(call, value, failed=False)
+            return
+        drained = self._complete(call.actor, call.started, time.perf_counter(), True)
+        if drained:
+            self._dispatch(drained)
+        call.settle_ready(ref)
+
     def _finish(self, call: Call, result: Any, failed: bool | None = None) -> None:
         actor = call.actor
         if failed is None:
             failed = isinstance(result, RayError)
-        died = isinstance(result, RayActorError)
+        died = failed and isinstance(result, RayActorError)
         if died:
             self._on_death(actor)
         drained = self._complete(actor, call.started, time.perf_counter(), not failed)
@@ -198,13 +271,13 @@ class Router:
         if failed:
             self._fail(call, self._error(actor, call.method, result))
         else:
-            call.part.result.settle(result, None)  # a second outcome (late, after a timeout) is dropped
+            call.settle(result, None)  # a second outcome (late, after a timeout) is dropped
 
     def _fail(self, call: Call, error: BaseException) -> None:
         if call.return_exceptions:
-            call.part.result.settle(error, None)
+            call.settle(error, None)
         else:
-            call.part.result.settle(None, error)
+            call.settle(None, error)
 
     def _error(self, actor: int, method: str, result: BaseException) -> BaseException:
         point = self.points[actor]
@@ -227,7 +300,7 @@ class Router:
         actor's next call after 30 s), and the slot is freed by the call's own completion anyway.
         """
         for call in calls:
-            if call.part.result.done():
+            if call.done():
                 continue
             with self._qlock:
                 queued = self._queued.pop(call.ticket, None) if call.ticket else None

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import gc
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from workers import ENV_NAMES, AsyncWorker, Worker
+from workers import ENV_NAMES, AsyncWorker, Worker, wait_until
 
 import actormesh as am
 
@@ -221,6 +224,64 @@ def test_load_returns_to_zero(mesh: am.ActorMesh[Worker]) -> None:
         future.get(timeout=60)
     mesh.methods.f.all(1).get(timeout=60)
     assert mesh.load() == [0, 0, 0, 0]
+
+
+def test_dropped_choose_futures_still_free_their_slots(mesh: am.ActorMesh[Worker]) -> None:
+    """Fire and forget: the count drops when the call ends, not when somebody reads it."""
+    for i in range(40):
+        mesh.methods.f.choose(i)
+    gc.collect()
+    wait_until(lambda: mesh.load() == [0, 0, 0, 0])
+
+
+def test_a_choose_slot_is_freed_before_its_value_is_read(mesh: am.ActorMesh[Worker]) -> None:
+    future = mesh[0, 0].methods.f.choose(2)
+    wait_until(lambda: future.done())
+    assert mesh.load()[0] == 0  # freed by the end of the call, the value still unread
+    assert future.get(timeout=60) == 6
+
+
+def test_a_ready_value_read_by_many_threads_is_read_once_and_agrees(
+        mesh: am.ActorMesh[Worker]) -> None:
+    future = mesh.methods.scaled.choose(np.arange(100_000.0))
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        values = list(pool.map(lambda _: future.get(timeout=60), range(8)))
+    assert all(v is values[0] for v in values)
+    assert float(values[0].sum()) == float(np.arange(100_000.0).sum())
+
+
+def test_many_threads_waiting_on_one_future_all_wake(mesh: am.ActorMesh[Worker]) -> None:
+    future = mesh[0, 0].methods.sleep.choose(0.3)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        waits = [pool.submit(future.get, 60) for _ in range(6)]
+        assert [w.result(timeout=60) for w in waits] == [0] * 6
+    with pytest.raises(TimeoutError):
+        mesh[0, 0].methods.sleep.choose(0.5).get(timeout=0.0)
+
+
+def test_an_error_read_late_still_names_the_actor(mesh: am.ActorMesh[Worker]) -> None:
+    """A `choose` value is read when asked for; its error is mapped then, awaited or not."""
+    failing = mesh[1, 0].methods.fail.choose("late")
+    wait_until(failing.done)
+
+    async def read() -> None:
+        await failing
+
+    with pytest.raises(am.ActorError, match=r"rank 2 \(dp=1,tp=0\) raised ValueError: late"):
+        asyncio.run(read())
+    caught = mesh[1, 0].methods.fail.options(return_exceptions=True).choose("kept").get(timeout=60)
+    assert isinstance(caught, am.ActorError) and caught.rank == 2
+
+
+def test_arguments_are_released_once_sent(mesh: am.ActorMesh[Worker]) -> None:
+    """Ray holds what it sent; a pending future does not keep the caller's arguments alive."""
+    batch = np.zeros(1_000_000, dtype=np.uint8)
+    alive = weakref.ref(batch)
+    future = mesh[0, 0].methods.sleep_then_length.choose(0.3, batch)
+    del batch
+    gc.collect()
+    assert alive() is None and not future.done()
+    assert future.get(timeout=60) == 1_000_000
 
 
 # -- arguments ---------------------------------------------------------------------------------

@@ -5,12 +5,22 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import actormesh as am
 
 ENV_NAMES = ("ACTORMESH_RANK", "ACTORMESH_WORLD_SIZE", "ACTORMESH_COORDS", "ACTORMESH_SHAPE",
              "RAY_ACTOR_MESH_RANK")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Wait for a condition the library changes asynchronously (a death notice, a restart)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(0.01)
 
 
 class Worker:
@@ -75,6 +85,11 @@ class Worker:
 
     @am.method
     def length(self, value: Any) -> int:
+        return len(value)
+
+    @am.method
+    def sleep_then_length(self, seconds: float, value: Any) -> int:
+        time.sleep(seconds)
         return len(value)
 
     @am.method
