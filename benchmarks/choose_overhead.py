@@ -1,11 +1,18 @@
 """What `choose` adds to a plain Ray call, measured on the same actors in one run.
 
-Two views, each over interleaved repeats (the order alternates, so drift hits both sides):
-- calls/s: N no-op calls sent, then every result read, `choose` against `actor.f.remote()` in turn;
-- driver CPU per call (`time.process_time`, every thread of this process), the cost that matters
-  when the driver shares its cores, with results read one by one or as one batch.
+Three contenders send the same no-op calls to the same actors:
+- raw: `actor.f.remote()` round robin, what a user without a router writes;
+- raw + notice: the same with a no-op `ObjectRef._on_ready` callback per call, the least any
+  router that frees an actor's slot when its call ends (not when the caller reads it) must pay;
+- choose: `mesh.methods.f.choose()` with the default balancer (pow2).
 
-    python -m benchmarks.choose_overhead [--calls 3000] [--repeats 8] [--actors 4]
+Calls are sent in blocks, then read, either as one batch (`ray.get` of every ObjectRef) or one by
+one (`ray.get(ref)` / `future.get()`). The contenders take turns block by block, the order
+rotating every round, so the drift and noise of a shared 2-core machine hit all of them alike.
+Reported: calls/s of each over all its blocks, ÷ raw; the median and quartiles of the per-round
+ratio; and driver CPU per call (`time.process_time`, every thread of this process).
+
+    python -m benchmarks.choose_overhead [--calls 1000] [--rounds 24] [--actors 4]
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import ray
 
@@ -26,53 +34,97 @@ class Echo:
         return x
 
 
+def _noop(_: object) -> None:
+    pass
+
+
+def contenders(mesh: am.ActorMesh[Echo], calls: int) -> dict[str, Callable[[bool], None]]:
+    actors, n = mesh.actors, len(mesh.actors)
+
+    def raw(batch: bool) -> None:
+        refs = [actors[i % n].f.remote(i) for i in range(calls)]
+        read(refs, batch)
+
+    def raw_notice(batch: bool) -> None:
+        refs = []
+        for i in range(calls):
+            ref = actors[i % n].f.remote(i)
+            ref._on_ready(_noop)
+            refs.append(ref)
+        read(refs, batch)
+
+    def choose(batch: bool) -> None:
+        futures = [mesh.methods.f.choose(i) for i in range(calls)]
+        if batch:
+            ray.get([f.ref for f in futures])
+        else:
+            for future in futures:
+                future.get()
+
+    return {"raw": raw, "raw + notice": raw_notice, "choose": choose}
+
+
+def read(refs: list[Any], batch: bool) -> None:
+    if batch:
+        ray.get(refs)
+    else:
+        for ref in refs:
+            ray.get(ref)
+
+
+def measure(runs: dict[str, Callable[[bool], None]], rounds: int,
+            batch: bool) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and CPU seconds per block, per contender; the order rotates every round."""
+    names = list(runs)
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            runs[name](batch)
+            wall[name].append(time.perf_counter() - start_wall)
+            cpu[name].append(time.process_time() - start_cpu)
+    return wall, cpu
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return q1, q2, q3
+
+
+def report(wall: dict[str, list[float]], cpu: dict[str, list[float]], calls: int) -> None:
+    raw_rate = len(wall["raw"]) * calls / sum(wall["raw"])
+    raw_cpu = sum(cpu["raw"]) / (len(cpu["raw"]) * calls) * 1e6
+    for name in wall:
+        rate = len(wall[name]) * calls / sum(wall[name])
+        cpu_us = sum(cpu[name]) / (len(cpu[name]) * calls) * 1e6
+        line = f"  {name:13s} {rate:7.0f} calls/s  {rate / raw_rate:5.3f} of raw"
+        if name != "raw":
+            per_round = [r / c for r, c in zip(wall["raw"], wall[name])]
+            q1, q2, q3 = quartiles(per_round)
+            line += f" (per round: median {q2:.3f}, quartiles {q1:.2f}-{q3:.2f})"
+        line += f"  driver CPU {cpu_us:4.0f} us/call ({(cpu_us / raw_cpu - 1) * 100:+.0f}%)"
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=1000, help="calls per block")
+    parser.add_argument("--rounds", type=int, default=24, help="blocks per contender and mode")
     parser.add_argument("--actors", type=int, default=4)
     opts = parser.parse_args()
+    if opts.rounds < 2:
+        parser.error(f"--rounds {opts.rounds}: need at least 2 for quartiles")
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     mesh = am.ActorMesh(Echo, shape=opts.actors, num_cpus=0.1)
     mesh.wait_ready()
-    actors, n, calls = mesh.actors, opts.actors, opts.calls
-
-    def raw_batch() -> None:
-        ray.get([actors[i % n].f.remote(i) for i in range(calls)])
-
-    def raw_each() -> None:
-        for ref in [actors[i % n].f.remote(i) for i in range(calls)]:
-            ray.get(ref)
-
-    def choose_batch() -> None:
-        futures = [mesh.methods.f.choose(i) for i in range(calls)]
-        ray.get([f.ref for f in futures])
-
-    def choose_each() -> None:
-        for future in [mesh.methods.f.choose(i) for i in range(calls)]:
-            future.get()
-
-    contenders: list[tuple[str, Callable[[], None]]] = [
-        ("raw, batch", raw_batch), ("choose, batch", choose_batch),
-        ("raw, each", raw_each), ("choose, each", choose_each),
-    ]
-    wall: dict[str, list[float]] = {name: [] for name, _ in contenders}
-    cpu: dict[str, list[float]] = {name: [] for name, _ in contenders}
-    for repeat in range(opts.repeats):
-        for name, run in contenders if repeat % 2 == 0 else contenders[::-1]:
-            start_wall, start_cpu = time.perf_counter(), time.process_time()
-            run()
-            wall[name].append(time.perf_counter() - start_wall)
-            cpu[name].append(time.process_time() - start_cpu)
-    print(f"{calls} no-op calls over {n} actors, median of {opts.repeats} interleaved repeats")
-    for mode in ("batch", "each"):
-        raw, ours = f"raw, {mode}", f"choose, {mode}"
-        ratios = [r / c for r, c in zip(wall[raw], wall[ours])]
-        cpu_raw = statistics.median(cpu[raw]) / calls * 1e6
-        cpu_ours = statistics.median(cpu[ours]) / calls * 1e6
-        print(f"results read {mode:5s}: choose calls/s / raw calls/s = {statistics.median(ratios):.3f} "
-              f"(range {min(ratios):.2f}-{max(ratios):.2f}); driver CPU per call raw {cpu_raw:.0f} us, "
-              f"choose {cpu_ours:.0f} us (+{(cpu_ours / cpu_raw - 1) * 100:.0f}%)")
+    runs = contenders(mesh, opts.calls)
+    for batch in (True, False):
+        measure(runs, 1, batch)  # warm up
+        wall, cpu = measure(runs, opts.rounds, batch)
+        print(f"{opts.calls} no-op calls per block over {opts.actors} actors, {opts.rounds} rounds, "
+              f"results read {'as one batch' if batch else 'one by one'}:")
+        report(wall, cpu, opts.calls)
     mesh.shutdown()
     ray.shutdown()
 
