@@ -409,9 +409,10 @@ class Scheduler:
         load.last_end_s = max(load.last_end_s, ended_s)
         if not ok or sample < 0:
             return
-        if load.ewma_s is None:
-            load.ewma_s = sample
-            self._ewma_sum += sample
+        if load.ewma_s is None:  # the first sample moves the prior like any other
+            prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
+            load.ewma_s = prior + self._alpha * (sample - prior)
+            self._ewma_sum += load.ewma_s
             self._measured += 1
         else:
             old = load.ewma_s

@@ -19,8 +19,9 @@ struct ActorLoad {
 // The load table of one scheduler, shared by all of its groups.
 class LoadTable {
  public:
-  LoadTable(uint32_t num_actors, uint32_t max_in_flight, double ewma_alpha)
-      : actors_(num_actors), max_in_flight_(max_in_flight), alpha_(ewma_alpha) {}
+  LoadTable(uint32_t num_actors, uint32_t max_in_flight, double ewma_alpha, double prior_s)
+      : actors_(num_actors), max_in_flight_(max_in_flight), alpha_(ewma_alpha),
+        prior_s_(prior_s) {}
 
   uint32_t size() const { return static_cast<uint32_t>(actors_.size()); }
   uint32_t max_in_flight() const { return max_in_flight_; }
@@ -46,9 +47,12 @@ class LoadTable {
     a.last_end_s = std::max(a.last_end_s, ended_s);
     if (!ok || sample < 0.0) return;
     if (!a.measured) {
+      // The first sample moves the prior like any other: one lucky (or unlucky) call must not
+      // make an actor look many times faster than the rest, or `sed` queues calls behind it.
+      const double prior = prior_s_ > 0.0 ? prior_s_ : mean_ewma_or(sample);
       a.measured = true;
-      a.ewma_s = sample;
-      ewma_sum_ += sample;
+      a.ewma_s = prior + alpha_ * (sample - prior);
+      ewma_sum_ += a.ewma_s;
       ++measured_;
     } else {
       const double old = a.ewma_s;
@@ -67,6 +71,7 @@ class LoadTable {
   std::vector<ActorLoad> actors_;
   uint32_t max_in_flight_;
   double alpha_;
+  double prior_s_;  // the estimate a first sample moves from; 0: the mean of measured actors
   double ewma_sum_ = 0.0;
   uint32_t measured_ = 0;
 };

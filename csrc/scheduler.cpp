@@ -67,7 +67,7 @@ Scheduler::Scheduler(SchedulerConfig config)
     : config_(validated(std::move(config))),
       settings_{parse_policy(config_.policy), config_.prior_s, &config_.picker},
       loads_(static_cast<uint32_t>(config_.num_actors),
-             static_cast<uint32_t>(config_.max_in_flight), config_.ewma_alpha),
+             static_cast<uint32_t>(config_.max_in_flight), config_.ewma_alpha, config_.prior_s),
       rng_(config_.seed),
       affinity_(static_cast<uint64_t>(config_.affinity_capacity)),
       memberships_(loads_.size()) {

@@ -229,14 +229,36 @@ def test_pull_hands_the_queue_head_to_the_first_free_actor() -> None:
     assert s.queued() == 0
 
 
+def measure(s: Scheduler, actor: int, seconds: float, times: int = 1) -> None:
+    """Completes `times` calls of `seconds` each on `actor`, back to back."""
+    now = 0.0  # each actor's clock: a sample runs from the later of start and its last completion
+    for _ in range(times):
+        s.acquire(actor)
+        s.complete(actor, now, now + seconds, True)
+        now += seconds
+
+
 def test_sed_avoids_an_actor_measured_slow() -> None:
     s = Scheduler(2, "sed")
-    for actor, seconds in ((0, 1.0), (1, 0.01)):
-        s.acquire(actor)
-        s.complete(actor, 0.0, seconds, True)
-    # (1 + 1) x 1.0 for actor 0 against (k + 1) x 0.01 for actor 1: actor 1 until k reaches 99.
-    assert [dispatch(s) for _ in range(99)] == [1] * 99
-    assert dispatch(s) == 0
+    measure(s, 0, 1.0, times=30)
+    measure(s, 1, 0.01, times=30)
+    # Actor 1's estimate is now ~0.011 s (from the prior of 1 s, 30 samples of 0.01 s): (k + 1) x
+    # 0.011 against 1 x 1.0 for the idle actor 0 sends it the next 80-odd calls, then actor 0 one.
+    picks = [dispatch(s) for _ in range(100)]
+    assert picks[:80] == [1] * 80
+    assert 0 in picks[80:]
+
+
+def test_sed_first_sample_moves_the_prior_not_replaces_it() -> None:
+    s = Scheduler(3, "sed", ewma_alpha=0.2)
+    measure(s, 0, 1.0)  # nobody measured yet: the sample itself
+    measure(s, 1, 0.01)  # one lucky call: 1.0 + 0.2 x (0.01 - 1.0), not 0.01
+    assert s.mean_latency_s()[:2] == pytest.approx([1.0, 0.802])
+    # So actor 1 gets one call, not the next 99 (1 x 1.0 for actor 0 against 2 x 0.802).
+    assert [dispatch(s) for _ in range(3)] == [1, 2, 0]
+    with_prior = Scheduler(2, "sed", prior_s=0.5)
+    measure(with_prior, 0, 2.0)
+    assert with_prior.mean_latency_s()[0] == pytest.approx(0.5 + 0.2 * (2.0 - 0.5))
 
 
 def test_sed_uses_the_prior_for_unmeasured_actors() -> None:
@@ -249,12 +271,11 @@ def test_sed_uses_the_prior_for_unmeasured_actors() -> None:
 
 def test_sed_prior_defaults_to_the_mean_of_measured_actors() -> None:
     s = Scheduler(3, "sed")
-    for actor, seconds in ((0, 1.0), (1, 3.0)):
-        s.acquire(actor)
-        s.complete(actor, 0.0, seconds, True)
-    # Actor 2 is assumed to take the mean, 2.0 s. Delays: 1, 3, 2 -> actor 0; then 2, 3, 2 ->
-    # actor 2, which has fewer calls in flight; then 2, 3, 4 -> actor 0.
-    assert [dispatch(s) for _ in range(3)] == [0, 2, 0]
+    measure(s, 0, 1.0)  # 1.0
+    measure(s, 1, 6.0)  # 1.0 + 0.2 x (6.0 - 1.0) = 2.0
+    # Actor 2 is assumed to take the mean, 1.5 s. Delays: 1, 2, 1.5 -> actor 0; then 2, 2, 1.5 ->
+    # actor 2; then 2, 2, 3 -> actor 1 (equal to actor 0's delay, with fewer calls in flight).
+    assert [dispatch(s) for _ in range(3)] == [0, 2, 1]
 
 
 def test_every_policy_honours_max_in_flight_and_queues_the_rest() -> None:
