@@ -9,8 +9,9 @@ Three contenders send the same no-op calls to the same actors:
 Calls are sent in blocks, then read, either as one batch (`ray.get` of every ObjectRef) or one by
 one (`ray.get(ref)` / `future.get()`). The contenders take turns block by block, the order
 rotating every round, so the drift and noise of a shared 2-core machine hit all of them alike.
-Reported: calls/s of each over all its blocks, ÷ raw; the median and quartiles of the per-round
-ratio; and driver CPU per call (`time.process_time`, every thread of this process).
+Reported: calls/s of each over all its blocks; its ratio to raw, as the median and quartiles of
+the per-round ratios (robust to a round the machine stalled) and over all rounds; and driver CPU
+per call (`time.process_time`, every thread of this process).
 
     python -m benchmarks.choose_overhead [--calls 1000] [--rounds 24] [--actors 4]
 """
@@ -98,12 +99,13 @@ def report(wall: dict[str, list[float]], cpu: dict[str, list[float]], calls: int
     for name in wall:
         rate = len(wall[name]) * calls / sum(wall[name])
         cpu_us = sum(cpu[name]) / (len(cpu[name]) * calls) * 1e6
-        line = f"  {name:13s} {rate:7.0f} calls/s  {rate / raw_rate:5.3f} of raw"
+        line = f"  {name:13s} {rate:5.0f} calls/s"
         if name != "raw":
             per_round = [r / c for r, c in zip(wall["raw"], wall[name])]
             q1, q2, q3 = quartiles(per_round)
-            line += f" (per round: median {q2:.3f}, quartiles {q1:.2f}-{q3:.2f})"
-        line += f"  driver CPU {cpu_us:4.0f} us/call ({(cpu_us / raw_cpu - 1) * 100:+.0f}%)"
+            line += (f"  ÷ raw: {q2:.3f} median of rounds (quartiles {q1:.2f}-{q3:.2f}), "
+                     f"{rate / raw_rate:.3f} over all")
+        line += f"; driver CPU {cpu_us:3.0f} us/call ({(cpu_us / raw_cpu - 1) * 100:+.0f}%)"
         print(line)
 
 

@@ -29,7 +29,7 @@ class Config:
     batch_calls: int = 120
     batch_mean_s: float = 0.010
     tiny_calls: int = 800
-    tiny_repeats: int = 3  # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`
+    tiny_repeats: int = 7  # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`
     fault_measure_s: float = 2.5  # long enough for Ray to restart the killed actor
     sim_actors: int = 4096
     sim_calls: int = 100_000
@@ -45,7 +45,7 @@ QUICK = Config("quick")
 FULL = Config(
     "full", actors=16, repeats=3, warmup_s=1.0, measure_s=8.0, drain_s=10.0, batch_drain_s=60.0,
     batch_calls=2000,
-    tiny_calls=10_000, tiny_repeats=5, fault_measure_s=8.0, sim_calls=1_000_000,
+    tiny_calls=10_000, tiny_repeats=9, fault_measure_s=8.0, sim_calls=1_000_000,
     sim_ref_actors=256, sim_ref_calls=100_000, dc_decisions=1_000_000, dc_budget_s=1.0,
 )
 SMOKE = Config(
