@@ -3,7 +3,7 @@
 A call is made of parts, one per actor called. Each part is a `Result` that the completion
 callback of its Ray call settles, so waiting, awaiting and consuming results as they complete all
 go through the same objects, whichever thread Ray completes them on. They are deliberately small
-(a few slots; an event only once somebody blocks) and few: a `choose` is one object (the router's
+(a few slots; a lock only once somebody blocks) and few: a `choose` is one object (the router's
 `Call`, a `Part`, a `Result`) and its future, because every object a call leaves alive is work
 for the garbage collector while thousands of calls are in flight.
 
