@@ -243,9 +243,8 @@ class ActorMesh(Generic[T]):
 
     def _call_choose(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                      options: CallOptions) -> MeshFuture[Any]:
+        self._check_open(name)
         root = self._root
-        if root.shut:
-            self._check_open(name)
         affinity = options.affinity
         call = Call(name, args, kwargs, None, self._point_of, group=self._group,
                     affinity=None if affinity is None else _affinity(root, affinity),
