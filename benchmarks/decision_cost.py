@@ -100,19 +100,11 @@ def measure(
                     _native.measure_decision_ns(policy, num_actors, decisions, seed)
                     for _ in range(repeats)
                 )
-            via_python_ns = _budgeted_ns(
-                partial(_native.Scheduler, num_actors, policy, seed=seed, picker=picker),
-                num_actors,
-                decisions,
-                budget_s,
-                repeats,
-            )
-            reference_ns = _budgeted_ns(
-                partial(reference.Scheduler, num_actors, policy, seed=seed, picker=picker),
-                num_actors,
-                decisions,
-                budget_s,
-                repeats,
+            # The native core driven from Python, then the pure-Python reference, on one budget.
+            via_python_ns, reference_ns = (
+                _budgeted_ns(partial(scheduler, num_actors, policy, seed=seed, picker=picker),
+                             num_actors, decisions, budget_s, repeats)
+                for scheduler in (_native.Scheduler, reference.Scheduler)
             )
             rows.append(
                 {
