@@ -17,7 +17,7 @@ import dataclasses
 import inspect
 import os
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, cast
 
 import ray
@@ -72,6 +72,13 @@ def _enter_mesh(identity: Identity) -> None:
 
 
 WATCH = "_actormesh_watch"
+RUN = "_actormesh_run"
+"""Runs `fn(instance, *args, **kwargs)` inside the actor (awaited if it returns an awaitable)."""
+
+
+async def _awaited(result: Any) -> Any:
+    return await result
+
 _WATCH_GROUP = "_actormesh_watch"
 
 
@@ -89,15 +96,31 @@ def remote_class(cls: type[Any]) -> Any:
 
     namespace["__init__"] = __init__
     namespace["__doc__"] = cls.__doc__
-    if has_async_methods(cast(Hashable, cls)):
+    # Ray runs an actor on an event loop when any method is a coroutine function; an
+    # `@am.method async def` is one only once unwrapped, so look at what Ray will see.
+    is_async = has_async_methods(cast(Hashable, cls)) or any(
+        inspect.iscoroutinefunction(fn) for fn in namespace.values()
+    )
+    if is_async:
         async def watch_async(self: Any) -> None:
             await asyncio.Event().wait()
 
+        async def run_async(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            result = fn(self, *args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+
         namespace[WATCH] = watch_async
+        namespace[RUN] = run_async
         return ray.remote(type(cls.__name__, (cls,), namespace))
 
     def watch(self: Any) -> None:
         threading.Event().wait()
+
+    def run(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        result = fn(self, *args, **kwargs)
+        return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
+
+    namespace[RUN] = run
 
     namespace[WATCH] = ray.method(concurrency_group=_WATCH_GROUP)(watch)
     options: dict[str, Any] = {"concurrency_groups": {_WATCH_GROUP: 1}}

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, Generic, TypeVar, cast
+from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
+from typing import Any, Concatenate, Generic, TypeVar, cast, overload
+
+from typing_extensions import ParamSpec
 
 import ray
 
 from . import _share
-from ._actor import Identity, method_def, remote_class
+from ._actor import RUN, Identity, method_def, remote_class
 from ._balancer import ActorLoad, AffinityKeys, Balancer, BalancerSpec, make_scheduler
 from ._errors import MeshError
 from ._future import MeshFuture, ValueMesh
@@ -19,6 +21,8 @@ from ._router import Call, Router
 from ._shape import IndexKey, Point, Selection, Shape, ShapeLike
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Loads(list[int]):
@@ -200,6 +204,28 @@ class ActorMesh(Generic[T]):
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._root.label}, {self._shape})"
+
+    @overload
+    def run_in_actors(
+        self, fn: Callable[Concatenate[T, P], Coroutine[Any, Any, R]], /,
+        *args: P.args, **kwargs: P.kwargs,
+    ) -> MeshFuture[ValueMesh[R]]: ...
+    @overload
+    def run_in_actors(
+        self, fn: Callable[Concatenate[T, P], R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> MeshFuture[ValueMesh[R]]: ...
+    def run_in_actors(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> MeshFuture[ValueMesh[Any]]:
+        """Run `fn(actor, *args, **kwargs)` inside every actor of this mesh or view, `actor` being
+        the actor's instance; results as `all` gives them (a coroutine is awaited in the actor).
+
+        For integrations that set actors up (join a collective group, load a shard) without a
+        method of the user's class: `fn` is pickled by value, so define it at module level.
+        """
+        if not callable(fn):
+            raise TypeError(f"run_in_actors needs a callable, got {fn!r}")
+        return self._call_all(RUN, (fn, *args), kwargs, CallOptions())
 
     # -- lifetime -------------------------------------------------------------------------------
     def wait_ready(self, timeout: float | None = None) -> None:

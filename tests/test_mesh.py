@@ -312,3 +312,23 @@ def test_prototype_example(ray_cluster: None) -> None:
         assert m.methods.f.choose(1).get(timeout=60) == 1
         assert m.methods.add.choose(1, 2).get(timeout=60) == 3
         assert m.methods.process.shard([1, 2, 3, 4, 5, 6], 5).get(timeout=60) == [6, 7, 8, 9, 10, 11]
+
+
+# -- running set-up code inside the actors ------------------------------------------------------
+def _scaled_rank(worker: Worker, x: int) -> tuple[int, int]:
+    return worker.scale * x, am.current_rank().rank
+
+
+async def _plus_one(_: object, x: int) -> int:
+    return x + 1
+
+
+def test_run_in_actors_runs_a_function_on_each_actor_instance(mesh: am.ActorMesh[Worker]) -> None:
+    assert list(mesh.run_in_actors(_scaled_rank, 2).get(timeout=60)) == [(6, r) for r in range(4)]
+    assert list(mesh.slice(dp=1).run_in_actors(_plus_one, 1).get(timeout=60)) == [2, 2]
+
+
+def test_run_in_actors_awaits_coroutines_in_async_actors(
+    async_mesh: am.ActorMesh[AsyncWorker],
+) -> None:
+    assert list(async_mesh.run_in_actors(_plus_one, 4).get(timeout=60)) == [5, 5]
