@@ -1,0 +1,74 @@
+"""Checks of the driver's arguments, made before any actor starts or is called."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+
+import actormesh as am
+
+BACKENDS = ("gloo", "nccl")
+
+_cluster_resources: Callable[[], Mapping[str, float]] = ray.cluster_resources
+
+
+def seconds(label: str, value: float) -> float:
+    """`value` as seconds, or a ValueError naming `label` if it is not a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{label}={value!r}: must be a finite number of seconds > 0")
+    return float(value)
+
+
+def backend(value: str | None, actors_have_gpus: bool, what: str) -> str:
+    """The backend to use: `value`, or nccl/gloo by `actors_have_gpus` when None.
+
+    nccl is refused unless `actors_have_gpus` and the cluster has GPUs (`what` names the actors
+    in the error).
+    """
+    if value is None:
+        return "nccl" if actors_have_gpus else "gloo"
+    if value not in BACKENDS:
+        raise ValueError(f"backend={value!r}: unknown; use one of {list(BACKENDS)} (or None)")
+    if value == "nccl":
+        if not actors_have_gpus:
+            raise ValueError(f"backend='nccl' needs GPUs, and {what} ask for none (num_gpus=)")
+        if not ray.is_initialized():
+            ray.init()  # as ActorMesh would, to see the cluster
+        if not _cluster_resources().get("GPU", 0):
+            raise ValueError("backend='nccl' needs GPUs, and this Ray cluster has none")
+    return value
+
+
+def placement_has_gpus(placement: am.Placement | None) -> bool:
+    """Whether every bundle of `placement` holds a GPU (so every actor placed in it gets one)."""
+    if placement is None:
+        return False
+    bundles: list[Mapping[str, float]] = (
+        list(placement.bundles) if placement.bundles is not None
+        else list(placement.placement_group.bundle_specs) if placement.placement_group else []
+    )
+    return bool(bundles) and all(b.get("GPU", 0) > 0 for b in bundles)
+
+
+def init_args(cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse constructor arguments that do not fit `cls.__init__`, before any actor starts (the
+    mesh's class takes any: it passes them on after joining the world)."""
+    if cls.__init__ is object.__init__:
+        if args or kwargs:
+            raise TypeError(f"{cls.__name__} takes no constructor arguments, got "
+                            f"args={args!r}, kwargs={kwargs!r}")
+        return
+    try:
+        signature = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):  # a builtin or C __init__: nothing to check here
+        return
+    try:
+        signature.bind(None, *args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{cls.__name__}.__init__{signature} does not take args={args!r}, "
+                        f"kwargs={kwargs!r}: {err}") from None
