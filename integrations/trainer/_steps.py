@@ -1,0 +1,82 @@
+"""Calling the user's `train` and `sync_weights` so that rollouts go on while a step runs.
+
+A coroutine function runs on the event loop. A plain function runs on the run's one worker
+thread (the same thread for every step of a run, so thread-local state such as a CUDA device
+holds), and if it returns an awaitable, that is awaited on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar, cast
+
+from ._waits import watched
+
+logger = logging.getLogger("actormesh.trainer")
+
+G = TypeVar("G")
+
+
+def _is_async(fn: Callable[..., object]) -> bool:
+    """A coroutine function, or an object whose `__call__` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+class StepCalls(Generic[G]):
+    """The user's `train(groups, step)` and `sync_weights(version)`, and the version the
+    generator is known to hold (`None` after a state was loaded: unknown until synced)."""
+
+    def __init__(self, train: Callable[[list[G], int], object],
+                 sync_weights: Callable[[int], object] | None) -> None:
+        self._train = train
+        self._sync = sync_weights
+        self.engine_version: int | None = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._in_thread: asyncio.Future[Any] | None = None
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncGenerator[None, None]:
+        """The worker thread for one run; gone when the run returns (unless a step is still
+        running in it when the run is cancelled: it cannot be stopped, and ends on its own)."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="actormesh-train")
+        self._executor = executor
+        try:
+            yield
+        finally:
+            self._executor = None
+            busy = self._in_thread is not None and not self._in_thread.done()
+            if busy:
+                logger.warning("the run stopped while train or sync_weights still runs in its "
+                               "thread; the thread ends when that call returns")
+            executor.shutdown(wait=not busy, cancel_futures=True)
+
+    async def train(self, groups: list[G], step: int) -> None:
+        await self._call(self._train, (groups, step), f"train step {step}")
+
+    async def sync(self, version: int) -> None:
+        """`sync_weights(version)`, if given; the generator then holds `version`."""
+        if self._sync is not None:
+            await self._call(self._sync, (version,), f"sync_weights({version})")
+        self.engine_version = version
+
+    def needs_sync(self, version: int) -> bool:
+        """Whether a run must first bring the generator to `version` (after a loaded state)."""
+        return self._sync is not None and self.engine_version != version
+
+    async def _call(self, fn: Callable[..., object], args: tuple[object, ...], what: str) -> None:
+        if _is_async(fn):
+            result = await watched(cast("Awaitable[object]", fn(*args)), what)
+        else:
+            if self._executor is None:
+                raise RuntimeError(f"{what} called outside a run")
+            loop = asyncio.get_running_loop()
+            self._in_thread = loop.run_in_executor(self._executor, functools.partial(fn, *args))
+            result = await watched(self._in_thread, what)
+        if inspect.isawaitable(result):
+            await watched(result, what)

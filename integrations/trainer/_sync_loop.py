@@ -1,0 +1,120 @@
+"""The plain synchronous loop (`sync=True`): generate a batch, train on it, sync the weights.
+
+It is the reference that `max_staleness=0` must equal bit for bit, so it is written as directly
+as the loop users write by hand, sharing with the async loop only the permutation, the rollout
+attempts (timeout and retries), the calls of `train` / `sync_weights` and the counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Generic, TypeVar
+
+from ._ledger import Ledger
+from ._metrics import StepMetrics
+from ._progress import Progress
+from ._rollout import Outcome, run_rollout
+from ._settings import Settings
+from ._steps import StepCalls
+from ._waits import wait_all
+
+logger = logging.getLogger("actormesh.trainer")
+
+G = TypeVar("G")
+
+
+class SyncLoop(Generic[G]):
+    """One run of the synchronous loop."""
+
+    def __init__(self, settings: Settings[G], progress: Progress, calls: StepCalls[G],
+                 max_steps: int | None) -> None:
+        self.settings = settings
+        self.progress = progress
+        self.calls = calls
+        self.max_steps = max_steps
+        self.ledger = Ledger(
+            batch_size=settings.batch_size, max_staleness=0,
+            max_concurrency=settings.max_concurrency, on_transition=settings.on_transition,
+            version=progress.step)
+
+    async def run(self) -> list[StepMetrics]:
+        settings, progress, ledger = self.settings, self.progress, self.ledger
+        metrics: list[StepMetrics] = []
+        start = time.perf_counter()
+        opened = False
+        while progress.epoch < settings.epochs and (
+                self.max_steps is None or len(metrics) < self.max_steps):
+            if not opened:
+                async with ledger.cond:
+                    ledger.open_epoch(progress.epoch, epoch_version=progress.epoch_step,
+                                      accepted=len(progress.consumed),
+                                      filtered=len(progress.filtered))
+                opened = True
+            t0 = time.perf_counter()
+            # Generate the next batch_size prompts; replace the filtered ones by the next ones.
+            pos, accepted, filtered = progress.cursor, list[Outcome[G]](), list[Outcome[G]]()
+            while len(accepted) < settings.batch_size and pos < settings.num_prompts:
+                uids = progress.order[pos: pos + settings.batch_size - len(accepted)]
+                pos += len(uids)
+                for outcome in await self._generate(uids):
+                    (accepted if outcome.group is not None else filtered).append(outcome)
+            if accepted:
+                metrics.append(await self._step(accepted, filtered, t0, start))
+            else:
+                progress.commit([], [o.uid for o in filtered], trained=False)
+            if progress.epoch_done:
+                async with ledger.cond:
+                    ledger.check_epoch_end(buffered=0)
+                progress.next_epoch()
+                opened = False
+        return metrics
+
+    async def _generate(self, uids: list[int]) -> list[Outcome[G]]:
+        """The rollouts of `uids`, at most `max_concurrency` at a time, in the order of `uids`."""
+        settings, ledger = self.settings, self.ledger
+        slots = asyncio.Semaphore(settings.max_concurrency or len(uids))
+
+        async def one(uid: int) -> Outcome[G]:
+            async with slots:
+                async with ledger.cond:
+                    ledger.admitted()
+                outcome = await run_rollout(
+                    lambda: settings.start(uid), uid, version=lambda: ledger.version,
+                    timeout_s=settings.rollout_timeout_s, retries=settings.rollout_retries)
+                async with ledger.cond:
+                    ledger.resolved(outcome.group is not None)
+                if ledger.failure is not None:  # the on_transition hook raised
+                    raise ledger.failure
+                return outcome
+
+        tasks = [asyncio.create_task(one(uid), name=f"actormesh.trainer rollout uid {uid}")
+                 for uid in uids]
+        return await wait_all(tasks, f"step {self.progress.step}: rollouts")
+
+    async def _step(self, accepted: list[Outcome[G]], filtered: list[Outcome[G]], t0: float,
+                    start: float) -> StepMetrics:
+        progress, ledger = self.progress, self.ledger
+        step, epoch = progress.step, progress.epoch
+        ready = sorted(accepted, key=lambda o: o.uid)
+        groups = [o.group for o in ready if o.group is not None]
+        t_ready = time.perf_counter()
+        await self.calls.train(groups, step)
+        t_trained = time.perf_counter()
+        progress.commit([o.uid for o in accepted], [o.uid for o in filtered], trained=True)
+        async with ledger.cond:
+            ledger.trained_step(len(groups))
+        if ledger.failure is not None:
+            raise ledger.failure
+        await self.calls.sync(step + 1)
+        t_synced = time.perf_counter()
+        async with ledger.cond:
+            ledger.synced_step(len(groups))
+        return StepMetrics(
+            step=step, epoch=epoch, uids=[o.uid for o in ready],
+            versions=[o.version for o in ready], staleness=[step - o.version for o in ready],
+            filtered=sorted(o.uid for o in filtered),
+            retries=sum(o.attempts - 1 for o in accepted + filtered),
+            wait_s=t_ready - t0, train_s=t_trained - t_ready, sync_s=t_synced - t_trained,
+            elapsed_s=t_synced - start)
