@@ -1,11 +1,13 @@
 """`python -m benchmarks [--quick | --full] [--out DIR] [--only NAME...]`: what `choose` wins.
 
 Runs, in one go and on a local Ray cluster it starts itself (or the one at RAY_ADDRESS):
-the decision cost of every policy, native against its pure-Python reference; a simulation of the
-native balancer at 4096 actors (no Ray, labelled SIMULATED); and the Ray scenarios, each played by
-every actormesh policy and by the baselines users have today (random choice, raw round robin,
-ray.util.ActorPool). Writes results.json, report.md and PNG plots to bench-results/ (or --out)
-and prints a table per scenario and the headline ratios.
+the decision cost of every policy, native against the same algorithm in pure Python; a
+simulation of the native balancer at 4096 actors and its check against queueing theory (no Ray,
+labelled SIMULATED); the Ray scenarios, each played by every actormesh policy and by the
+baselines users have today (random choice, raw round robin, ray.util.ActorPool), with an A/A
+control and bootstrap intervals for every ratio; and the side scenarios registered in
+`benchmarks.side`. Writes results.json, report.md, headline.md (the README's table, verbatim)
+and PNG plots to bench-results/ (or --out), and prints a table per scenario and the headline.
 
 For a bigger machine or a real cluster, run on one of its nodes (actormesh installed on every
 node): `RAY_ADDRESS=auto python -m benchmarks --full` (or `RAY_ADDRESS=<head>:6379`); the harness
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import gc
 import json
 import math
@@ -29,22 +32,25 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import plots, report, scenarios, sim
-from .contenders import POLICIES
+from . import headline, plots, report, scenarios, side, sim, theory
+from .contenders import BASELINES, POLICIES
 
-SECTIONS = ("decision_cost", "sim")
-PUBLISH_DIR = os.path.dirname(os.path.abspath(__file__))  # benchmarks/: README results and plot
+SECTIONS = {"decision_cost": "decision cost per policy and N (no Ray)",
+            "sim": "SIMULATED queue model at 4096 actors (no Ray)",
+            "theory": "SIMULATED mean time in system against queueing theory (no Ray)"}
+PUBLISH_DIR = os.path.dirname(os.path.realpath(__file__))  # benchmarks/: the README's plot
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    names = [s.name for s in scenarios.build(scenarios.QUICK)] + list(SECTIONS)
+    names = ([s.name for s in scenarios.build(scenarios.QUICK)] + list(SECTIONS)
+             + list(side.SIDE))
     p = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__.split("\n\n")[0],
         epilog="Sections: " + ", ".join(names) + ". A prefix selects several (uniform, tiny, "
                "batch). To use an existing Ray cluster, set RAY_ADDRESS.")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="about five minutes on two cores (the default)")
+                      help="about six minutes on two cores (the default)")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
                       help="longer runs, 16 actors per mesh, 5 repeats, 1M simulated calls")
     mode.add_argument("--smoke", dest="mode", action="store_const", const="smoke",
@@ -52,15 +58,15 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="bench-results", help="output directory (bench-results)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these sections")
     p.add_argument("--contenders", nargs="+", metavar="NAME",
-                   choices=[*POLICIES, *report.BASELINES],
+                   choices=[*POLICIES, *BASELINES],
                    help="run only these contenders (policies, ray-random, ray-rr, ActorPool)")
     p.add_argument("--actors", type=int, help="actors per mesh (default 8 quick, 16 full)")
     p.add_argument("--repeats", type=int, help="repeats per scenario")
     p.add_argument("--publish", action="store_true",
-                   help="also write benchmarks/README_RESULTS.md and its plot for the README")
+                   help="also copy the straggler plot to benchmarks/README_straggler.png")
     p.add_argument("--list", action="store_true", help="list the sections and exit")
     p.add_argument("--report", metavar="RESULTS_JSON",
-                   help="rebuild report.md and the plots from a saved results.json (no run)")
+                   help="rebuild report.md, headline.md and the plots from a saved results.json")
     args = p.parse_args(argv)
     args.mode = args.mode or "quick"
     if args.only:
@@ -108,16 +114,26 @@ def versions() -> dict[str, str]:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = "not installed"
-    try:
-        root = os.path.dirname(PUBLISH_DIR)
-        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain"], capture_output=True,
-                               text=True, timeout=5).stdout.strip()
-        out["git"] = commit + ("+dirty" if dirty else "") if commit else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        out["git"] = "unknown"
     return out
+
+
+def git() -> dict[str, Any]:
+    """The commit measured, and whether tracked files differed from it (untracked ones do not
+    count: other work in the checkout that nothing imports)."""
+    root = os.path.dirname(PUBLISH_DIR)
+
+    def run(*cmd: str) -> str:
+        return subprocess.run(["git", "-C", root, *cmd], capture_output=True, text=True,
+                              timeout=10).stdout.rstrip("\n")
+
+    try:
+        commit = run("rev-parse", "--short", "HEAD")
+        changed = [line[3:] for line in run("status", "--porcelain",
+                                            "--untracked-files=no").splitlines()]
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": "unknown", "dirty": None, "changed": []}
+    return {"commit": commit or "unknown", "dirty": bool(changed), "changed": changed,
+            "subject": run("log", "-1", "--format=%s") if commit else ""}
 
 
 def clean(value: Any) -> Any:
@@ -155,29 +171,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cfg = dataclasses.replace(cfg, repeats=args.repeats,
                                   tiny_repeats=max(args.repeats, 1))
     ray_scenarios = [s for s in scenarios.build(cfg) if selected(s.name, args.only)]
+    sides = side.selected(cfg.mode, args.only)
     do_dc = selected("decision_cost", args.only)
     do_sim = selected("sim", args.only)
+    do_theory = selected("theory", args.only)
     started = time.perf_counter()
     results: dict[str, Any] = {
-        "schema": 1,
+        "schema": 2,
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python -m benchmarks " + " ".join(sys.argv[1:] if args.argv is None
                                                       else args.argv),
         "mode": cfg.mode,
         "machine": machine(),
         "versions": versions(),
+        "git": git(),
         "config": dataclasses.asdict(cfg),
         "ray": {"address": "not used", "actors": 0, "startup_s": math.nan},
         "scenarios": [],
+        "side": [],
         "plots": {},
     }
     console.rule(f"actormesh benchmarks · {cfg.mode}")
     console.print(f"Machine: {report.machine_line(results)}")
+    g = results["git"]
+    console.print(f"Commit {g['commit']}" + (f", with uncommitted changes in {len(g['changed'])} "
+                                              "tracked files" if g["dirty"] else ", clean tree"))
 
-    total = (len(ray_scenarios) and sum(
-        (s.repeats or cfg.repeats) * len(args.contenders or [*POLICIES, *report.BASELINES])
-        for s in ray_scenarios))
+    contenders = len(args.contenders or [*POLICIES, *BASELINES])
+    total = sum((s.repeats or cfg.repeats) * contenders + 1 for s in ray_scenarios)
     total += (len(POLICIES) * (len(sim.scenarios()) + 1)) if do_sim else 0
+    total += 2 * len(cfg.theory_loads) if do_theory else 0
     total += 1 if do_dc else 0
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
         "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console, transient=True)
@@ -189,17 +212,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         fleet = None
         started_ray = False
-        if ray_scenarios:
+        if ray_scenarios or sides:
             from . import runner
 
             progress.update(task, description="starting Ray and the actors")
             started_ray, address = runner.connect(cfg)
+            results["ray"] = {"address": address, "actors": 0, "startup_s": math.nan}
+        if ray_scenarios:
             fleet = runner.Fleet.start(cfg, only=args.contenders)
-            results["ray"] = {"address": address, "actors": fleet.actor_count,
-                              "shared_actors": fleet.shared, "startup_s": math.nan}
+            results["ray"] |= {"actors": fleet.actor_count, "shared_actors": fleet.shared,
+                               "not_shared_because": fleet.not_shared_because}
+            if not fleet.shared:
+                console.print(
+                    "[bold yellow]Could not share actors between contenders[/] "
+                    f"({fleet.not_shared_because}): each policy runs on actors of its own, so "
+                    "`choose` and the raw baselines are no longer compared on the same "
+                    "processes.", highlight=False)
         try:
             # While the actors start, the decision cost (in a process of its own: thread CPU time,
-            # so sharing the machine does not inflate it) and the simulation (simulated time).
+            # so sharing the machine does not inflate it) and the simulations (simulated time).
             pending_dc = start_decision_cost(cfg) if do_dc else None
             if do_sim:
                 first = [True]
@@ -217,6 +248,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["simulation"]["duration_s"] = time.perf_counter() - t
                 progress.advance(task)
                 console.print(sim_table(results["simulation"]))
+            if do_theory:
+                t = time.perf_counter()
+                results["theory"] = theory.check(
+                    cfg.theory_loads, {"random": cfg.theory_random, "pow2": cfg.theory_pow2},
+                    progress=step)
+                results["theory"]["duration_s"] = time.perf_counter() - t
+                console.print(theory_table(results["theory"]))
             if pending_dc is not None:
                 progress.update(task, description="decision cost (no Ray)")
                 results["decision_cost"] = finish_decision_cost(*pending_dc)
@@ -244,17 +282,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     console.print(report.rich_table(section))
                     console.print(report.paragraph(section), style="italic", highlight=False)
                     console.print()
+                fleet.shutdown()
+                fleet = None
+                gc.collect()  # the meshes' callbacks form cycles; free them while Ray is up
+            for name in sides:
+                progress.update(task, description=f"side scenario {name}")
+                progress.stop()  # a side scenario prints its own progress
+                console.rule(f"side scenario: {side.SIDE[name].title}")
+                section = side.run(name, cfg.mode != "full", args.out)
+                results["side"].append(section)
+                console.print(section.get("skipped") or section.get("error")
+                              or f"done in {report.num(section['duration_s'])} s",
+                              highlight=False)
+                progress.start()
         finally:
             if fleet is not None:
                 fleet.shutdown()
                 del fleet
-                gc.collect()  # the meshes' callbacks form cycles; free them while Ray is up
+                gc.collect()
             if started_ray:
                 import ray
 
                 ray.shutdown()
     results["duration_s"] = time.perf_counter() - started
-    results["headlines"] = report.headlines(results)
     return results
 
 
@@ -281,21 +331,29 @@ def finish_decision_cost(pool: Any, future: Any, started: float) -> dict[str, An
         "rows": rows,
         "duration_s": time.perf_counter() - started,
         "note": ("Nanoseconds per decision (one `submit` plus one `complete`, half the actors "
-                 "busy), thread CPU time, from `benchmarks/decision_cost.py`: *native* is a C++ "
-                 "loop over the scheduler; *via nanobind* drives the native scheduler from a "
-                 "Python loop; *reference* drives the pure-Python twin of the same policy "
-                 "(`benchmarks/reference.py`) from the same loop. The Python loop alone costs "
-                 f"about {report.num(rows[0]['loop_ns'])} ns. Measured in a process of its own "
-                 "while the Ray actors start; CPU time of the measuring thread is what other "
-                 "processes inflate least."),
+                 "busy), thread CPU time, best of 3, from `benchmarks/decision_cost.py`: *native* "
+                 "is a C++ loop over the scheduler; *via nanobind* drives the native scheduler "
+                 "from a Python loop (what `choose` pays); *pure Python* drives the same "
+                 "algorithm written in Python from the same loop: for least_loaded, pull and sed "
+                 "an indexed heap like the native one (`benchmarks/reference_heap.py`, twin "
+                 "*heap*), for the others the reference (`benchmarks/reference.py`, twin "
+                 "*reference*, whose random and pow2 draw from the same SplitMix64 generator as "
+                 "the native core to make its decisions; Python's own `random` would be "
+                 "cheaper). *scan* is the readable reference, which scans the actors: an extra "
+                 "line, not the comparison. Each twin is checked to choose the native core's "
+                 "actors over the first 2,000 decisions. The Python loop alone costs about "
+                 f"{report.num(rows[0]['loop_ns'])} ns. Measured in a process of its own while "
+                 "the Ray actors start; CPU time of the measuring thread is what other processes "
+                 "inflate least."),
     }
 
 
 def decision_cost_table(dc: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    t = Table(title="Decision cost: native ns per decision (pure-Python reference ÷ native); "
-              "report.md has the nanobind column", title_justify="left", show_edge=False)
+    t = Table(title="Decision cost: ns per decision through nanobind (the same algorithm in pure "
+              "Python ÷ that); report.md has every column", title_justify="left",
+              show_edge=False)
     sizes = sorted({r["num_actors"] for r in dc["rows"]})
     t.add_column("policy")
     for n in sizes:
@@ -305,9 +363,10 @@ def decision_cost_table(dc: dict[str, Any]) -> Any:
         for n in sizes:
             r = next((r for r in dc["rows"] if r["policy"] == policy and r["num_actors"] == n),
                      None)
-            cells.append("–" if r is None or not r.get("native_ns") else
-                         f"{report.num(r['native_ns'])} "
-                         f"({report.num(r['reference_ns'] / r['native_ns'], 2)}×)")
+            cells.append("–" if r is None else
+                         f"{report.num(r['via_python_ns'])} "
+                         f"({report.num(r['python_ns'] / r['via_python_ns'], 2)}×"
+                         + ("" if r["same_decisions"] else ", decisions differ!") + ")")
         t.add_row(policy, *cells)
     return t
 
@@ -333,8 +392,23 @@ def sim_table(s: dict[str, Any]) -> Any:
     return t
 
 
+def theory_table(th: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="SIMULATED against queueing theory: mean time in system (mean service times)",
+              title_justify="left", show_edge=False)
+    for h in ("policy", "λ", "formula", "predicted", "measured ± SE", "agrees"):
+        t.add_column(h, justify="left" if h in ("policy", "formula") else "right")
+    for r in th["rows"]:
+        t.add_row(r["policy"], f"{r['load']:g}", r["formula"], report.num(r["predicted"]),
+                  f"{report.num(r['measured'])} ± {report.num(r['se'], 2)}",
+                  "yes" if r["agrees"] else "NO")
+    return t
+
+
 def write(results: dict[str, Any], out: str, publish: bool,
           say: Callable[[str], None] = print) -> None:
+    """results.json, report.md, headline.md and the plots; with `publish`, the README's plot."""
     os.makedirs(out, exist_ok=True)
     figures: dict[str, str] = {}
     for s in results["scenarios"]:
@@ -355,33 +429,35 @@ def write(results: dict[str, Any], out: str, publish: bool,
         json.dump(clean(results), f, indent=1, allow_nan=False)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(report.report_md(results))
-    readme_plot = figures.get("straggler")
-    with open(os.path.join(out, "README_RESULTS.md"), "w") as f:
-        f.write(report.readme_snippet(results, readme_plot))
-    if publish:
-        plot = None
-        if readme_plot:
-            shutil.copy(os.path.join(out, readme_plot),
-                        os.path.join(PUBLISH_DIR, "README_straggler.png"))
-            plot = "benchmarks/README_straggler.png"
-        with open(os.path.join(PUBLISH_DIR, "README_RESULTS.md"), "w") as f:
-            f.write(report.readme_snippet(results, plot))
-        say(f"Published {os.path.join(PUBLISH_DIR, 'README_RESULTS.md')}")
+    with open(os.path.join(out, "headline.md"), "w") as f:
+        f.write(headline.markdown(results))
+    if publish and figures.get("straggler"):
+        target = os.path.join(PUBLISH_DIR, "README_straggler.png")
+        shutil.copy(os.path.join(out, figures["straggler"]), target)
+        say(f"Published {target}")
 
 
-def show_headlines(results: dict[str, Any]) -> None:
+def show_headline(results: dict[str, Any]) -> None:
+    """The headline on the terminal, one block per row (headline.md has it as a table)."""
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(title="Headlines (measured in this run)", title_justify="left", show_edge=False)
-    t.add_column("what")
-    t.add_column("result")
-    t.add_column("goal")
-    for h in results["headlines"]:
-        met = h.get("met")
-        mark = "" if met is None else (" ✓" if met else " ✗")
-        t.add_row(h["what"], h["text"], h.get("goal", "") + mark)
-    Console().print(t)
+    console = Console()
+    say = functools.partial(console.print, markup=False, highlight=False)
+    header, body = headline.ray_table(headline.ray_rows(results))
+    if body:
+        console.rule("Headline: ratio > 1 = actormesh better, [95% interval], A/A = the noise")
+        for row in body:
+            say(row[0], style="bold")
+            for label, cell in zip(header[2:], row[2:]):
+                say(f"    {label}: {cell.replace('**', '')}")
+    other = headline.other_rows(results)
+    if other:
+        console.rule("Without Ray")
+        for what, result, check in other:
+            say(what, style="bold")
+            say(f"    {result} ({check.replace('**', '')})")
+    console.rule()
+    say(headline.provenance(results))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -390,18 +466,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         for s in scenarios.build(scenarios.MODES[args.mode]):
             print(f"{s.name:16} {s.title}")
-        for name in SECTIONS:
-            print(f"{name:16} {'decision cost per policy and N' if name == 'decision_cost' else 'SIMULATED queue model, no Ray'}")
+        for name, what in SECTIONS.items():
+            print(f"{name:16} {what}")
+        for name, sd in side.SIDE.items():
+            print(f"{name:16} {sd.title} (side scenario{'' if sd.quick else ', only with --only'})")
         return 0
     if args.report:
         with open(args.report) as f:
             results = unclean(json.load(f))
-        results["headlines"] = report.headlines(results)
     else:
         results = run(args)
     write(results, args.out, args.publish)
-    show_headlines(results)
-    print(f"\nWrote {args.out}/results.json, {args.out}/report.md and "
+    show_headline(results)
+    print(f"\nWrote {args.out}/results.json, report.md, headline.md and "
           f"{len(results['plots'])} plots in {report.num(results['duration_s'])} s.")
     return 0
 

@@ -8,6 +8,10 @@
 - `RayActorPool`: `ray.util.ActorPool`, one call in flight per actor; an actor is freed only when
   the driver reads its result, so the pool makes progress only inside `wait`.
 
+In the fault scenario every contender retries a call whose actor died, once: actormesh through
+`options(retries=1)` (re-routed to a live actor), the baselines through Ray's own
+`max_task_retries=1` (re-sent to the same actor once Ray has restarted it).
+
 A contender reports each call's end through `on_done(token, value, error)` from whatever thread
 the result arrives on. Raw calls and actormesh both use the ObjectRef completion callback, so the
 two pay for the same mechanism and the latency is the one a callback-driven user would see.
@@ -29,6 +33,13 @@ import actormesh as am
 OnDone = Callable[[int, Any, "BaseException | None"], None]
 
 POLICIES = ("random", "round_robin", "pow2", "least_loaded", "pull", "sed")
+BASELINES = ("ray-random", "ray-rr", "ActorPool")
+
+
+def _method(handle: Any, name: str, retries: int) -> Any:
+    """`handle.<name>`, with Ray's own retry of a call whose actor died when `retries` > 0."""
+    method = getattr(handle, name)
+    return method.options(max_task_retries=retries) if retries else method
 
 
 def _ignore(token: int, value: Any, error: BaseException | None) -> None:
@@ -61,7 +72,8 @@ class Contender:
 
     def begin(self, on_done: OnDone, *, deadline: float, retries: int = 0) -> None:
         """Start a run: results go to `on_done`. Calls carry `deadline` (a `time.time()` value
-        after which the actor skips them); `retries` re-routes calls whose actor died."""
+        after which the actor skips them); `retries` is how many times a call whose actor died
+        runs again."""
         self.on_done = on_done
         self.deadline = deadline
 
@@ -142,7 +154,8 @@ class _Handles(Contender):
     def begin(self, on_done: OnDone, *, deadline: float, retries: int = 0) -> None:
         super().begin(on_done, deadline=deadline, retries=retries)
         # Bound methods looked up once, as actormesh's router caches them.
-        self._methods = {m: [getattr(h, m) for h in self.handles] for m in ("work", "spin", "noop")}
+        self._methods = {m: [_method(h, m, retries) for h in self.handles]
+                         for m in ("work", "spin", "noop")}
         self._refs = []
 
     def pick(self, token: int) -> int:
@@ -206,17 +219,24 @@ class RayActorPool(Contender):
     def __init__(self, handles: Sequence[Any]) -> None:
         super().__init__(handles)
         self._pool = ActorPool(self.handles)
+        self._retries = 0
         self._calls: dict[str, Callable[[Any, Any], Any]] = {
-            "work": lambda a, v: self._sent(v[0], a.work.remote(v[0], v[1], self.deadline)),
-            "spin": lambda a, v: self._sent(v[0], a.spin.remote(v[0], v[1], self.deadline)),
-            "noop": lambda a, v: self._sent(v[0], a.noop.remote(v[0])),
+            "work": lambda a, v: self._sent(v[0], self._m(a, "work").remote(v[0], v[1],
+                                                                         self.deadline)),
+            "spin": lambda a, v: self._sent(v[0], self._m(a, "spin").remote(v[0], v[1],
+                                                                         self.deadline)),
+            "noop": lambda a, v: self._sent(v[0], self._m(a, "noop").remote(v[0])),
         }
         self._tokens: dict[Any, int] = {}  # ObjectRef -> token, while the pool holds it
 
     def begin(self, on_done: OnDone, *, deadline: float, retries: int = 0) -> None:
         super().begin(on_done, deadline=deadline, retries=retries)
         self._pool = ActorPool(self.handles)  # a fresh pool: a dead actor leaves a pool for good
+        self._retries = retries
         self._tokens = {}
+
+    def _m(self, actor: Any, name: str) -> Any:
+        return _method(actor, name, self._retries)
 
     def _sent(self, token: int, ref: Any) -> Any:
         self._tokens[ref] = token

@@ -1,8 +1,15 @@
-"""What one balancing decision costs, per policy and mesh size, three ways:
+"""What one balancing decision costs, per policy and mesh size, four ways:
 
 - native: a C++ loop over the scheduler (`_native.measure_decision_ns`), no Python at all;
-- via Python: the same loop written in Python, calling `_native.Scheduler.submit/complete`;
-- reference: that Python loop over the pure-Python twin in benchmarks/reference.py.
+- via Python: the same loop written in Python, calling `_native.Scheduler.submit/complete`
+  through nanobind (what `choose` pays);
+- pure Python: that Python loop over a pure-Python scheduler running the same algorithm:
+  for least_loaded, pull and sed the indexed heap of benchmarks/reference_heap.py (a heap
+  against the native heap), for the others benchmarks/reference.py (already O(1) per decision);
+- scan (least_loaded, pull, sed only): the readable reference, which scans; an extra line, not
+  the comparison.
+
+Each pure-Python scheduler is first checked to make the native core's decisions on the same loop.
 
 A decision is one `submit` plus the `complete` of the oldest call in flight — every call costs
 both — with num_actors // 2 calls kept in flight so that loads are those of a busy mesh. Times
@@ -24,7 +31,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from actormesh import _native
-from benchmarks import reference
+from benchmarks import reference, reference_heap
 
 POLICIES = ("random", "round_robin", "pow2", "least_loaded", "pull", "sed", "external")
 SIZES = (16, 256, 4096)
@@ -69,6 +76,21 @@ def _loop_ns(scheduler: _Scheduler, num_actors: int, decisions: int) -> float:
     return (time.thread_time_ns() - start) / decisions
 
 
+def _decisions(scheduler: _Scheduler, num_actors: int, decisions: int) -> list[int]:
+    """The actor of every submit in the decision-cost loop (no timing): to compare twins."""
+    running = deque(scheduler.submit(0).actor for _ in range(num_actors // 2))
+    chosen = list(running)
+    clock = 0.0
+    for _ in range(decisions):
+        actor = scheduler.submit(0).actor
+        chosen.append(actor)
+        running.append(actor)
+        clock += 1e-6
+        complete = scheduler.complete(running.popleft(), clock - 1e-5, clock, True)
+        chosen += [d.actor for d in complete]
+    return chosen
+
+
 def _budgeted_ns(
     make: Callable[[], _Scheduler], num_actors: int, decisions: int, budget_s: float, repeats: int
 ) -> float:
@@ -87,8 +109,10 @@ def measure(
     budget_s: float = 0.2,
     repeats: int = 3,
 ) -> list[dict[str, Any]]:
-    """One row per policy and size: native_ns (None for external), via_python_ns, reference_ns,
-    loop_ns, all in nanoseconds per decision."""
+    """One row per policy and size, in nanoseconds per decision: native_ns (None for external),
+    via_python_ns, python_ns (the same algorithm in pure Python, `twin` names it), scan_ns (None
+    where the twin is the reference itself) and loop_ns; `same_decisions` says whether the twin
+    chose the native core's actors over a short run of the loop."""
     rows: list[dict[str, Any]] = []
     for num_actors in sizes:
         loop_ns = min(_loop_ns(_NoOpScheduler(), num_actors, decisions) for _ in range(repeats))
@@ -100,19 +124,32 @@ def measure(
                     _native.measure_decision_ns(policy, num_actors, decisions, seed)
                     for _ in range(repeats)
                 )
-            # The native core driven from Python, then the pure-Python reference, on one budget.
-            via_python_ns, reference_ns = (
-                _budgeted_ns(partial(scheduler, num_actors, policy, seed=seed, picker=picker),
-                             num_actors, decisions, budget_s, repeats)
-                for scheduler in (_native.Scheduler, reference.Scheduler)
-            )
+            heap = policy in reference_heap.POLICIES
+            makers: dict[str, Callable[[], _Scheduler]] = {
+                "via_python": partial(_native.Scheduler, num_actors, policy, seed=seed,
+                                      picker=picker),
+                "python": (partial(reference_heap.Scheduler, num_actors, policy, seed=seed)
+                           if heap else partial(reference.Scheduler, num_actors, policy,
+                                                seed=seed, picker=picker)),
+            }
+            if heap:
+                makers["scan"] = partial(reference.Scheduler, num_actors, policy, seed=seed)
+            check = min(decisions, 2000)
+            same = (_decisions(makers["python"](), num_actors, check)
+                    == _decisions(makers["via_python"](), num_actors, check))
+            # Every Python-driven measurement on the same budget.
+            ns = {name: _budgeted_ns(make, num_actors, decisions, budget_s, repeats)
+                  for name, make in makers.items()}
             rows.append(
                 {
                     "policy": policy,
                     "num_actors": num_actors,
                     "native_ns": native_ns,
-                    "via_python_ns": via_python_ns,
-                    "reference_ns": reference_ns,
+                    "via_python_ns": ns["via_python"],
+                    "python_ns": ns["python"],
+                    "twin": "heap" if heap else "reference",
+                    "scan_ns": ns.get("scan"),
+                    "same_decisions": same,
                     "loop_ns": loop_ns,
                 }
             )
@@ -120,14 +157,17 @@ def measure(
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    header = f"{'policy':<13}{'N':>6}{'native':>10}{'via Python':>12}{'reference':>12}{'loop':>8}{'ref / via':>11}"
+    header = (f"{'policy':<13}{'N':>6}{'native':>10}{'via Python':>12}{'pure Python':>13}"
+              f"{'(twin)':>11}{'scan':>10}{'loop':>8}{'py / via':>10}")
     lines = [header, "-" * len(header)]
     for row in rows:
         native = "-" if row["native_ns"] is None else f"{row['native_ns']:.0f}"
+        scan = "-" if row["scan_ns"] is None else f"{row['scan_ns']:.0f}"
+        twin = row["twin"] + ("" if row["same_decisions"] else "!")
         lines.append(
             f"{row['policy']:<13}{row['num_actors']:>6}{native:>10}{row['via_python_ns']:>12.0f}"
-            f"{row['reference_ns']:>12.0f}{row['loop_ns']:>8.0f}"
-            f"{row['reference_ns'] / row['via_python_ns']:>10.1f}x"
+            f"{row['python_ns']:>13.0f}{twin:>11}{scan:>10}{row['loop_ns']:>8.0f}"
+            f"{row['python_ns'] / row['via_python_ns']:>9.1f}x"
         )
     return "\n".join(lines)
 
@@ -142,11 +182,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="report the best of this many runs")
     args = parser.parse_args(argv)
-    rows = measure(
-        args.policies, args.sizes, args.decisions, budget_s=args.budget_s, repeats=args.repeats
-    )
+    rows = []
+    for n in args.sizes:  # one size at a time, so that progress shows
+        print(f"measuring N={n} ...", flush=True)
+        rows += measure(args.policies, [n], args.decisions, budget_s=args.budget_s,
+                        repeats=args.repeats)
     print(
-        "ns per decision (submit + complete), thread CPU time; loop = the Python driving loop alone"
+        "ns per decision (submit + complete), thread CPU time; pure Python = the same algorithm "
+        "(twin: heap or reference; ! = not the native decisions); scan = the readable reference; "
+        "loop = the Python driving loop alone"
     )
     print(format_table(rows))
 

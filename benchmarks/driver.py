@@ -5,7 +5,8 @@ played open-loop: a call is sent at its time whether or not earlier calls have f
 slow contender cannot slow its own arrivals down. A batch is the same plan with every call at
 time 0. Each call's latency is from just before the send to the moment its result reaches the
 driver, measured with `time.perf_counter()`. The driver also records how late it sent each call
-against the plan, so a report can say whether the driver itself kept up.
+against the plan, so a report can say whether the driver itself kept up, and the CPU time the
+driver process spent (every thread: actormesh's and Ray's) from the first send to the drain.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Run:
     deadline: float  # perf_counter when the driver stopped waiting
     errors: list[str]  # a few error messages, for the report
     events: dict[str, float]  # name -> perf_counter (e.g. "kill")
+    cpu_s: float = -1.0  # driver process CPU seconds from the first send to `deadline`
 
     @property
     def n(self) -> int:
@@ -89,6 +91,7 @@ def play(contender: Contender, method: str, planned_s: np.ndarray, duration_s: n
     durations = duration_s.tolist()
     submit = contender.submit
     clock = time.perf_counter
+    cpu_start = time.process_time()
     start = clock() + 0.002
     i = 0
     while i < n or pending_events:
@@ -119,9 +122,11 @@ def play(contender: Contender, method: str, planned_s: np.ndarray, duration_s: n
             else:  # a contender that only makes progress while the driver polls it
                 contender.wait(min(left, 0.05))
     stop = clock()
+    cpu_s = time.process_time() - cpu_start
     open_[0] = False
     settled = contender.settle(timeout=settle_s)
     contender.end()
     if not settled:
         errors.append(f"calls still running {settle_s:g} s after the drain deadline")
-    return Run(planned_s, duration_s, sent, ended, ok, rank, took, start, stop, errors, happened)
+    return Run(planned_s, duration_s, sent, ended, ok, rank, took, start, stop, errors, happened,
+               cpu_s)

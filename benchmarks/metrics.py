@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .driver import Run
+from .stats import RunSample
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 # Quantiles kept for the latency CDF plots: dense in the body, then down the tail to 1e-4.
@@ -35,20 +36,28 @@ def latencies(run: Run, warmup_s: float) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def run_metrics(run: Run, *, warmup_s: float, slowdowns: Sequence[float],
-                killed_rank: int | None = None) -> dict[str, Any]:
-    """The metrics of one run. `slowdowns` are the actors' factors, for the batch lower bound."""
+                killed_rank: int | None = None, slow_ms: float = math.nan) -> dict[str, Any]:
+    """The metrics of one run. `slowdowns` are the actors' factors, for the batch lower bound;
+    a call that took longer than `slow_ms` (or never finished) counts in `slow_frac`."""
     n_actors = len(slowdowns)
     finished, censored_ms, measured = latencies(run, warmup_s)
     lat = np.concatenate([finished, censored_ms])
     censored = len(censored_ms)
     failed = int((measured & ~run.ok & ~np.isnan(run.ended)).sum())
+    calls = int(measured.sum())
     out: dict[str, Any] = {
-        "calls": int(measured.sum()),
+        "calls": calls,
         "completed": int((measured & run.ok).sum()),
         "failed": failed,
         "unfinished": censored,
         "lost": failed + censored,
+        "lost_frac": (failed + censored) / calls if calls else math.nan,
     }
+    if not math.isnan(slow_ms) and len(lat):
+        out["slow"] = int((lat > slow_ms).sum())
+        out["slow_frac"] = out["slow"] / len(lat)
+    if run.n and run.cpu_s >= 0:
+        out["cpu_us_per_call"] = run.cpu_s / run.n * 1e6
     if len(lat):
         values = np.percentile(lat, PERCENTILES)
         # A percentile that reaches past the slowest finished call rests on censored values.
@@ -121,6 +130,17 @@ def fault_metrics(run: Run, killed_rank: int, measured: np.ndarray) -> dict[str,
         "rejoin_censored": not back.any(),
         "lost_all": int((~run.ok).sum()),
     }
+
+
+def sample(run: Run, metrics: dict[str, Any], warmup_s: float) -> RunSample:
+    """What the bootstrap of `stats` keeps of a run."""
+    finished, censored_ms, _ = latencies(run, warmup_s)
+    counts = {"lost_frac": (int(metrics["lost"]), int(metrics["calls"]))}
+    if "slow" in metrics:
+        counts["slow_frac"] = (int(metrics["slow"]), len(finished) + len(censored_ms))
+    values = {k: float(metrics[k]) for k in ("makespan_s", "throughput_per_s", "cpu_us_per_call")
+              if isinstance(metrics.get(k), (int, float))}
+    return RunSample(np.concatenate([finished, censored_ms]), len(finished), counts, values)
 
 
 def summarise(repeats: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -54,6 +54,13 @@ def latency_cdf(scenario: dict[str, Any], out_dir: str) -> str | None:
         left.plot(ms, cdf["q"], label=display(c), **style)
         tail = [(m, 1 - q) for m, q in zip(ms, cdf["q"]) if 1 - q > 0]
         right.plot([m for m, _ in tail], [t for _, t in tail], **style)
+    slow = scenario.get("slow_ms")
+    if isinstance(slow, (int, float)) and not math.isnan(slow):
+        for ax in (left, right):
+            ax.axvline(slow, color="#d62728", linestyle=":", linewidth=1)
+        right.annotate("slow: 10× mean service", (slow, 0.5), xytext=(4, 0),
+                       textcoords="offset points", fontsize=7, color="#d62728",
+                       xycoords=("data", "axes fraction"))
     _log(left)
     left.set_xlabel("latency (ms, log)")
     left.set_ylabel("fraction of calls ≤ latency")
@@ -107,14 +114,18 @@ def decision_cost(rows: list[dict[str, Any]], out_dir: str) -> str | None:
             ax.plot(n, [r["native_ns"] for r in pr], "-o", color=color, markersize=3,
                     label=f"{policy} native")
         ax.plot(n, [r["via_python_ns"] for r in pr], ":", color=color, linewidth=1)
-        ax.plot(n, [r["reference_ns"] for r in pr], "--s", color=color, markersize=3,
-                linewidth=1, label=f"{policy} pure-Python reference")
+        ax.plot(n, [r["python_ns"] for r in pr], "--s", color=color, markersize=3,
+                linewidth=1, label=f"{policy} pure Python, same algorithm")
+        scan = [(r["num_actors"], r["scan_ns"]) for r in pr if r.get("scan_ns")]
+        if scan:
+            ax.plot([x for x, _ in scan], [y for _, y in scan], "-.", color=color, linewidth=0.7,
+                    alpha=0.6, label=f"{policy} pure-Python scan (extra)")
     _log(ax, y=True)
     ax.set_xticks(sorted({r["num_actors"] for r in rows}))
     ax.set_xlabel("actors (N)")
     ax.set_ylabel("ns per decision (submit + complete)")
-    ax.set_title("Decision cost: native (solid), through nanobind (dotted), "
-                 "pure-Python reference (dashed)", fontsize=9)
+    ax.set_title("Decision cost: native (solid), through nanobind (dotted), the same algorithm in "
+                 "pure Python (dashed), a pure-Python scan (dash-dot)", fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.subplots_adjust(left=0.08, right=0.7, bottom=0.1, top=0.93)
     name = "decision_cost.png"

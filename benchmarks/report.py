@@ -10,12 +10,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .scenarios import PRIMARY
+from . import headline, stats
+from .contenders import BASELINES, POLICIES
 from .sim import paragraph as sim_paragraph
 
 RANDOM = "ray-random"  # the baseline users have today: random choice over the handles
-RAW = "ray-rr"  # raw .remote() over the handles in turn
-BASELINES = ("ray-random", "ray-rr", "ActorPool")
+DEFAULT = "pow2"
 
 
 # -- numbers --------------------------------------------------------------------------------------
@@ -84,10 +84,10 @@ def display(contender: dict[str, Any]) -> str:
 
 # -- tables -----------------------------------------------------------------------------------
 def columns(kind: str) -> list[tuple[str, str]]:
-    """(header, metric key) per column of a scenario table."""
+    """(header, metric key) per column of a scenario table; `~key` is the range over repeats."""
     if kind == "open":
         return [("p50 ms", "p50_ms"), ("p90 ms", "p90_ms"), ("p99 ms", "p99_ms"),
-                ("p99.9 ms", "p99_9_ms"), ("p99 range", "~p99_ms"),
+                ("p99.9 ms", "p99_9_ms"), ("p99 range", "~p99_ms"), ("slow", "slow_frac"),
                 ("calls/s", "throughput_per_s"), ("util", "utilisation"),
                 ("imbalance", "imbalance"), ("lost", "lost")]
     if kind == "batch":
@@ -96,40 +96,65 @@ def columns(kind: str) -> list[tuple[str, str]]:
                 ("util", "utilisation"), ("imbalance", "imbalance"), ("lost", "lost")]
     if kind == "throughput":
         return [("calls/s", "throughput_per_s"), ("range", "~throughput_per_s"),
-                ("vs raw", "vs_raw"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"),
+                ("CPU µs/call", "cpu_us_per_call"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"),
                 ("lost", "lost")]
-    return [("failed", "failed"), ("range", "~failed"), ("unfinished", "unfinished"),
+    return [("failed", "failed"), ("unfinished", "unfinished"), ("lost", "lost_frac"),
             ("recovery s", "recovery_s"), ("rejoin s", "rejoin_s"), ("p50 ms", "p50_ms"),
-            ("p99 ms", "p99_ms"), ("calls/s", "throughput_per_s")]
+            ("p99 ms", "p99_ms"), ("slow", "slow_frac"), ("calls/s", "throughput_per_s")]
 
 
+RATIO_HEADER = "÷ strongest baseline [95%]"
 TERMINAL = {  # the narrower set of columns printed while running (report.md has them all)
-    "open": ("p50 ms", "p99 ms", "p99.9 ms", "p99 range", "calls/s", "lost"),
-    "batch": ("makespan s", "range", "× bound", "p99 ms", "lost"),
-    "throughput": ("calls/s", "range", "vs raw", "p50 ms", "p99 ms"),
-    "fault": ("failed", "unfinished", "recovery s", "rejoin s", "p99 ms"),
+    "open": ("p50 ms", "p99 ms", "p99.9 ms", "slow", "lost", RATIO_HEADER),
+    "batch": ("makespan s", "range", "× bound", "lost", RATIO_HEADER),
+    "throughput": ("calls/s", "range", "CPU µs/call", "p99 ms", RATIO_HEADER),
+    "fault": ("failed", "unfinished", "rejoin s", "p99 ms", "slow", RATIO_HEADER),
 }
+
+
+def percent(v: float) -> str:
+    return "–" if math.isnan(v) else "0%" if v == 0 else f"{v * 100:.2g}%"
+
+
+def primary(scenario: dict[str, Any]) -> str:
+    """The metric that decides the scenario (the first it is judged on)."""
+    return str(scenario.get("metrics", ["p99_ms"])[0])
+
+
+def comparison(scenario: dict[str, Any], metric: str | None = None) -> dict[str, Any]:
+    return dict(scenario.get("comparisons", {}).get(metric or primary(scenario), {}))
+
+
+def ratio_against_strongest(scenario: dict[str, Any], contender: dict[str, Any]) -> str:
+    comp = comparison(scenario)
+    strongest = comp.get("strongest")
+    if contender["name"] == strongest:
+        return "(strongest baseline)"
+    r = stats.find(comp, contender["name"], strongest)
+    if r is None:
+        return ""
+    verdict = stats.verdict(r, stats.control_of(comp))
+    short = "≈ noise" if verdict == stats.NO_DIFFERENCE else verdict
+    return f"{stats.interval_text(r)} {short}"
 
 
 def table_rows(scenario: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     cols = columns(scenario["kind"])
-    names = by_name(scenario)
-    raw = names.get(RAW)
     rows = []
     for c in scenario["contenders"]:
         row = [display(c)]
         for _, key in cols:
             if key.startswith("~"):
                 row.append(range_cell(c, key[1:]))
-            elif key == "vs_raw":
-                r = med(c, "throughput_per_s") / med(raw, "throughput_per_s") if raw else math.nan
-                row.append(ratio_text(r))
+            elif key.endswith("_frac"):
+                row.append(percent(med(c, key)))
             elif key in ("lost", "failed", "unfinished"):
                 row.append(num(med(c, key)))
             else:
                 row.append(cell(c, key))
+        row.append(ratio_against_strongest(scenario, c))
         rows.append(row)
-    return ["contender"] + [h for h, _ in cols], rows
+    return ["contender"] + [h for h, _ in cols] + [RATIO_HEADER], rows
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -146,112 +171,83 @@ def rich_table(scenario: dict[str, Any]) -> Any:
     keep = [0] + [i for i, h in enumerate(header) if h in TERMINAL[scenario["kind"]]]
     header = [header[i] for i in keep]
     rows = [[row[i] for i in keep] for row in rows]
-    winner = winner_of(scenario)
+    winner = comparison(scenario).get("best")
     table = Table(title=f"{scenario['title']} — {scenario['description']}", title_justify="left",
                   show_edge=False, pad_edge=False)
     for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i < len(header) - 1)
     for c, row in zip(scenario["contenders"], rows):
-        style = "bold green" if winner and c["name"] == winner["name"] else (
+        style = "bold green" if c["name"] == winner else (
             "dim" if c["family"] != "actormesh" else None)
         table.add_row(*row, style=style)
     return table
 
 
-# -- who won ----------------------------------------------------------------------------------
-def primary(scenario: dict[str, Any]) -> tuple[str, bool]:
-    return PRIMARY[scenario["kind"]]
+# -- what a scenario says ---------------------------------------------------------------------
+def pooled(scenario: dict[str, Any], name: str | None, metric: str) -> str:
+    """A contender's value of `metric` pooled over repeats, as text."""
+    e = comparison(scenario, metric).get("estimates", {}).get(name) if name else None
+    if not e:
+        return "–"
+    if metric.endswith("_frac"):
+        return percent(e["value"])
+    unit = stats.METRICS[metric].unit
+    return f"{'≥' if e['censored'] else ''}{num(e['value'])} {unit}"
 
 
-def ranked(scenario: dict[str, Any]) -> list[dict[str, Any]]:
-    key, lower = primary(scenario)
-    def score(c: dict[str, Any]) -> tuple[float, float]:
-        v = med(c, key)
-        v = math.inf if math.isnan(v) else v
-        tie = med(c, "p99_ms")  # fault: fewer lost first, then lower p99
-        tie = math.inf if math.isnan(tie) else tie
-        return (v if lower else -v), tie
-    return sorted(scenario["contenders"], key=score)
-
-
-def winner_of(scenario: dict[str, Any]) -> dict[str, Any] | None:
-    order = ranked(scenario)
-    return order[0] if order else None
-
-
-def factor(a: dict[str, Any], b: dict[str, Any], key: str, lower: bool) -> tuple[float, bool]:
-    """How many times better `a` is than `b` on `key`; and whether that is a lower bound."""
-    va, vb = med(a, key), med(b, key)
-    if lower:
-        r = vb / va if va > 0 else math.inf
-        return r, censored(b, key) and not censored(a, key)
-    return (va / vb if vb > 0 else math.inf), False
-
-
-METRIC_WORDS = {"p99_ms": "p99 latency", "makespan_s": "makespan",
-                "throughput_per_s": "throughput", "failed": "calls failed, then p99"}
-
-
-def value_text(c: dict[str, Any], key: str) -> str:
-    if key == "failed":
-        return f"{num(med(c, 'failed'))} failed, p99 {cell(c, 'p99_ms')} ms"
-    unit = {"p99_ms": " ms", "makespan_s": " s", "throughput_per_s": " calls/s"}[key]
-    return cell(c, key) + unit
+def named(name: str | None) -> str:
+    if name is None:
+        return "–"
+    return display({"name": name, "family": "baseline" if name in BASELINES else "actormesh"})
 
 
 def paragraph(scenario: dict[str, Any]) -> str:
-    """Who won, by how much, against what; and whether the driver kept up."""
-    key, lower = primary(scenario)
-    order = ranked(scenario)
-    if not order:
-        return "No results."
-    best = order[0]
-    names = by_name(scenario)
-    words = METRIC_WORDS[key]
-    text = [f"**{display(best)}** won on {words} ({value_text(best, key)})."]
-    am = [c for c in order if c["family"] == "actormesh"]
-    base = [c for c in order if c["family"] != "actormesh"]
-    if best["family"] == "actormesh" and base:
-        b = base[0]
-        r, ge = factor(best, b, key, lower)
-        text.append(f"The best baseline, {display(b)}, had {value_text(b, key)}"
-                    + (f": {ratio_text(r, ge)} {'better' if r >= 1 else 'worse'} for actormesh."
-                       if key != "failed" else "."))
-    elif am:
-        a = am[0]
-        r, ge = factor(best, a, key, lower)
-        text.append(f"The best actormesh policy, {a['name']}, had {value_text(a, key)}"
-                    + (f" ({ratio_text(r, ge)} behind)." if key != "failed" else "."))
-    rnd = names.get(RANDOM)
-    if rnd is not None and rnd is not best and key != "failed":
-        r, ge = factor(best, rnd, key, lower)
-        text.append(f"Against random choice (Ray's ActorMesh prototype, Monarch): "
-                    f"{value_text(rnd, key)}, {ratio_text(r, ge)}.")
-    if scenario["kind"] == "throughput":
-        paired = paired_ratios(scenario, "pow2", RAW)
-        if paired:
-            text.append(f"Default `choose` (pow2) ran at {ratio_text(median(paired))} the calls/s "
-                        f"of raw `.remote()` on the same actors (median of per-repeat ratios, "
-                        f"{num(min(paired))}–{num(max(paired))}).")
+    """Against the strongest baseline and random choice, inside or outside the A/A noise."""
+    text: list[str] = []
+    for metric in scenario.get("metrics", []):
+        comp = comparison(scenario, metric)
+        if not comp:
+            continue
+        words = stats.METRICS[metric].words
+        strongest, best = comp.get("strongest"), comp.get("best")
+        control = stats.control_of(comp)
+        part = [f"**{words[0].upper() + words[1:]}**"
+                + (" (pooled over repeats)" if stats.METRICS[metric].kind != "scalar"
+                   else " (median of repeats)") + ":"]
+        if strongest:
+            part.append(f"strongest baseline {named(strongest)} "
+                        f"{pooled(scenario, strongest, metric)};")
+        pairs = dict.fromkeys([(DEFAULT, strongest), (DEFAULT, RANDOM), (best, strongest)])
+        for who, against in pairs:
+            if who is None or against is None or who == against:
+                continue
+            r = stats.find(comp, who, against)
+            if r is None:
+                continue
+            label = (f"default {who}" if who == DEFAULT
+                     else f"best of the {len(POLICIES)} policies (a selection), {who}")
+            part.append(f"{label} {pooled(scenario, who, metric)}, "
+                        f"{stats.interval_text(r)} against {named(against)}: "
+                        f"{stats.verdict(r, control)};")
+        part.append(f"A/A control (am random ÷ random.choice) {stats.interval_text(control)}."
+                    if control else "no A/A control in this run (needs random and ray-random).")
+        text.append(" ".join(part))
     if scenario["kind"] == "fault":
-        lost = {display(c): med(c, "failed") for c in scenario["contenders"]}
-        am_lost = [v for c, v in lost.items() if c.startswith("am ")]
-        text.append(f"Calls that failed: actormesh (choose with retries=1) {num(max(am_lost))} at "
-                    "most; " + ", ".join(f"{n} {num(v)}" for n, v in lost.items()
-                                         if not n.startswith("am ")) + ".")
-        rejoin = [c for c in scenario["contenders"] if c["family"] == "actormesh"
-                  and not censored(c, "rejoin_s") and not math.isnan(med(c, "rejoin_s"))]
-        if rejoin:
-            times = [med(c, "rejoin_s") for c in rejoin]
-            text.append(f"The restarted actor served calls again {num(min(times))}–"
-                        f"{num(max(times))} s after the kill through "
-                        + ", ".join(c["name"] for c in rejoin) + "; `≥` in the rejoin column: "
-                        "not within the run.")
-    lo, hi = spread(best, key)
-    if not math.isnan(lo) and scenario["repeats"] > 1:
-        text.append(f"Over {scenario['repeats']} repeats the winner ranged {num(lo)}–{num(hi)}.")
+        text.append(fault_note(scenario))
     text.append(driver_note(scenario))
     return " ".join(t for t in text if t)
+
+
+def fault_note(scenario: dict[str, Any]) -> str:
+    failed = ", ".join(f"{display(c)} {num(med(c, 'failed'))}" for c in scenario["contenders"])
+    note = f"Calls that came back as errors (median of repeats): {failed}."
+    rejoin = [c for c in scenario["contenders"] if c["family"] == "actormesh"
+              and not censored(c, "rejoin_s") and not math.isnan(med(c, "rejoin_s"))]
+    if rejoin:
+        times = [med(c, "rejoin_s") for c in rejoin]
+        note += (f" The restarted actor served calls again {num(min(times))}–{num(max(times))} s "
+                 "after the kill through " + ", ".join(c["name"] for c in rejoin) + ".")
+    return note
 
 
 def driver_note(scenario: dict[str, Any]) -> str:
@@ -264,143 +260,6 @@ def driver_note(scenario: dict[str, Any]) -> str:
     worst_rate = min((v for v in rates if not math.isnan(v)), default=math.nan)
     return (f"Driver: sent at ≥{num(worst_rate * 100, 3)}% of the planned rate; "
             f"p99 send lag ≤{num(worst_lag)} ms.")
-
-
-# -- headline ratios ----------------------------------------------------------------------------
-def paired_ratios(scenario: dict[str, Any], a: str, b: str) -> list[float]:
-    """a ÷ b of the primary metric, repeat by repeat (both ran on the same plan, same actors)."""
-    return [row[a] / row[b] for row in scenario.get("paired", [])
-            if isinstance(row.get(a), float) and isinstance(row.get(b), float)
-            and row[b] > 0 and not math.isnan(row[a])]
-
-
-def median(values: Sequence[float]) -> float:
-    v = sorted(values)
-    n = len(v)
-    return math.nan if not n else v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-
-
-def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The few ratios a reader looks for first, each with its goal where the issue set one."""
-    scen = {s["name"]: s for s in results.get("scenarios", [])}
-    out: list[dict[str, Any]] = []
-
-    for name in ("tiny_noop", "tiny_100us"):
-        s = scen.get(name)
-        if not s:
-            continue
-        ratios = sorted(paired_ratios(s, "pow2", RAW))
-        if ratios:
-            mid = median(ratios)
-            names = by_name(s)
-            out.append({
-                "name": f"choose_vs_raw_{name}",
-                "what": f"`choose` (pow2) calls/s ÷ raw `.remote()` calls/s, same actors "
-                        f"({s['title'][0].lower() + s['title'][1:]})",
-                "readme": name == "tiny_noop",
-                "value": mid, "min": ratios[0], "max": ratios[-1], "goal": ">= 0.95",
-                "met": mid >= 0.95,
-                "text": f"{num(mid)} (range {num(ratios[0])}–{num(ratios[-1])} over "
-                        f"{len(ratios)} paired repeats; {num(med(names['pow2'], 'throughput_per_s'))}"
-                        f" vs {num(med(names[RAW], 'throughput_per_s'))} calls/s)",
-            })
-
-    s = scen.get("straggler")
-    if s:
-        names = by_name(s)
-        rnd = names.get(RANDOM)
-        for policy in ("pull", "sed"):
-            c = names.get(policy)
-            if rnd is None or c is None:
-                continue
-            r, ge = factor(c, rnd, "p99_ms", True)
-            out.append({
-                "name": f"straggler_p99_random_over_{policy}",
-                "what": f"p99 with one actor 20× slower: random.choice ÷ actormesh {policy}",
-                "value": r, "lower_bound": ge, "goal": ">= 5", "met": r >= 5, "readme": True,
-                "text": f"{ratio_text(r, ge)} ({cell(rnd, 'p99_ms')} ms vs "
-                        f"{cell(c, 'p99_ms')} ms)",
-            })
-
-    for name, what in (("uniform90", "p99 at 90% load (exponential)"),
-                       ("lognormal", "p99 with lognormal σ=2 service"),
-                       ("pareto", "p99 with Pareto α=1.5 service"),
-                       ("burst", "p99 under bursts")):
-        s = scen.get(name)
-        if not s or RANDOM not in by_name(s):
-            continue
-        names = by_name(s)
-        am = [c for c in ranked(s) if c["family"] == "actormesh"]
-        best = am[0]
-        pow2 = names.get("pow2")
-        r, ge = factor(best, names[RANDOM], "p99_ms", True)
-        text = (f"best actormesh ({best['name']}) {ratio_text(r, ge)} lower than random.choice "
-                f"({cell(best, 'p99_ms')} vs {cell(names[RANDOM], 'p99_ms')} ms)")
-        if pow2 is not None:
-            r2, ge2 = factor(pow2, names[RANDOM], "p99_ms", True)
-            text += f"; default pow2 {ratio_text(r2, ge2)}"
-        out.append({"name": f"{name}_p99_vs_random", "what": what, "value": r,
-                    "lower_bound": ge, "text": text, "readme": name in ("uniform90", "lognormal")})
-
-    s = scen.get("batch_straggler")
-    if s:
-        names = by_name(s)
-        am = [c for c in ranked(s) if c["family"] == "actormesh"][0]
-        if RANDOM in names:
-            r, _ = factor(am, names[RANDOM], "makespan_s", True)
-            out.append({
-                "name": "batch_straggler_makespan",
-                "what": "batch with one actor 10× slower: makespan of random.choice ÷ best actormesh",
-                "value": r, "readme": True,
-                "text": f"{ratio_text(r)} ({am['name']} {cell(am, 'makespan_s')} s = "
-                        f"{cell(am, 'makespan_over_bound')}× the lower bound; random.choice "
-                        f"{cell(names[RANDOM], 'makespan_s')} s)",
-            })
-
-    s = scen.get("killed")
-    if s:
-        names = by_name(s)
-        am_lost = max(med(c, "failed") for c in s["contenders"] if c["family"] == "actormesh")
-        others = ", ".join(f"{display(c)} {num(med(c, 'failed'))}" for c in s["contenders"]
-                           if c["family"] != "actormesh")
-        out.append({"name": "killed_calls_lost",
-                    "what": "calls failed when an actor is killed mid-run (median of repeats)",
-                    "value": am_lost, "readme": True,
-                    "text": f"actormesh (retries=1) {num(am_lost)} at most; {others}"})
-
-    dc = results.get("decision_cost", {}).get("rows", [])
-    for policy in ("pow2", "least_loaded", "sed"):
-        rows = [r for r in dc if r["policy"] == policy and r.get("native_ns")]
-        if not rows:
-            continue
-        big = max(rows, key=lambda r: r["num_actors"])
-        out.append({
-            "name": f"decision_cost_{policy}",
-            "what": f"{policy} decision cost at N={big['num_actors']}: pure-Python reference ÷ native",
-            "value": big["reference_ns"] / big["native_ns"], "readme": policy == "least_loaded",
-            "text": f"{ratio_text(big['reference_ns'] / big['native_ns'])} "
-                    f"({num(big['native_ns'])} ns native, {num(big['via_python_ns'])} ns through "
-                    f"nanobind, {num(big['reference_ns'])} ns reference)",
-        })
-
-    sim = results.get("simulation", {})
-    for sc in sim.get("scenarios", []):
-        if sc["name"] != "uniform90":
-            continue
-        p = {r["policy"]: r for r in sc["policies"]}
-        if "random" in p and "pow2" in p:
-            best = min(sc["policies"], key=lambda r: r["p99"])
-            out.append({
-                "name": "sim_uniform90",
-                "what": f"SIMULATED, {sim['actors']} actors, {sim['calls']:,} calls, 90% load: "
-                        "p99 of random ÷ pow2 and ÷ best",
-                "value": p["random"]["p99"] / p["pow2"]["p99"], "readme": True,
-                "text": f"pow2 {ratio_text(p['random']['p99'] / p['pow2']['p99'])}, "
-                        f"{best['policy']} {ratio_text(p['random']['p99'] / best['p99'])} "
-                        f"(p99 {num(p['random']['p99'])} vs {num(p['pow2']['p99'])} vs "
-                        f"{num(best['p99'])} mean service times)",
-            })
-    return out
 
 
 # -- whole documents ------------------------------------------------------------------------------
@@ -416,22 +275,24 @@ def report_md(results: dict[str, Any]) -> str:
     lines = [
         "# actormesh benchmark results",
         "",
-        f"{results['created']} · `{results['command']}` · mode **{results['mode']}** · "
-        f"{num(results['duration_s'])} s",
+        headline.provenance(results),
         "",
         f"Machine: {machine_line(results)}. Ray: {results['ray']['address']}"
         f" ({results['ray']['actors']} actors, num_cpus={cfg['actor_cpus']} each, "
         + ("shared by every contender: each policy has its own mesh and scheduler over them"
            if results["ray"].get("shared_actors") else
-           f"{cfg['actors']} per policy; the baselines use the handles of those meshes")
+           f"{cfg['actors']} per policy, because they could not be shared "
+           f"({results['ray'].get('not_shared_because', '?')}); the baselines use the handles "
+           "of those meshes")
         + f"; all answering {num(results['ray']['startup_s'])} s after they were requested, "
         "the decision cost and the simulation running meanwhile).",
         "",
         "Every figure below was measured in this run, baselines included. Latency is from just "
-        "before the call is sent to its result reaching the driver (completion callback); "
-        "values are medians over repeats, with the range over repeats where shown. A `≥` marks "
-        "a lower bound: some calls had no result by the drain deadline and count at it. "
-        "Calls sent in the warm-up are not measured.",
+        "before the call is sent to its result reaching the driver (completion callback). "
+        "Table cells are medians over repeats (ranges where shown); ratios pool the repeats and "
+        "carry a 95% bootstrap interval (`benchmarks/stats.py`). A `≥` marks a lower bound: "
+        "some calls had no result by the drain deadline and count at it. Calls sent in the "
+        "warm-up are not measured. *slow*: calls slower than 10× the mean service time.",
         "",
     ]
     cal = results.get("calibration")
@@ -444,38 +305,51 @@ def report_md(results: dict[str, Any]) -> str:
             f"{num(cal['nominal_capacity_per_s'])}).",
             "",
         ]
-    lines += [
-        "## Headlines",
-        "",
-    ]
-    hl = results.get("headlines", [])
-    if hl:
-        lines.append(markdown_table(["what", "result", "goal"],
-                                    [[h["what"], h["text"], h.get("goal", "")] for h in hl]))
-    lines += ["", "## Contenders", ""]
+    lines += ["## Headline", "", headline.EXPLAIN, ""]
+    header, body = headline.ray_table(headline.ray_rows(results))
+    if body:
+        lines += [markdown_table(header, body), ""]
+    other = headline.other_rows(results)
+    if other:
+        lines += [markdown_table(["without Ray", "result", "check"], other), ""]
+    lines += ["## Contenders", ""]
     for c in results.get("contenders", []):
         lines.append(f"- **{c['display']}** — {c['label']}")
     for s in results.get("scenarios", []):
         header, rows = table_rows(s)
-        lines += ["", f"## {s['title']} (`{s['name']}`)", "", s["description"] + ".", "",
+        lines += ["", f"## {s['title']} (`{s['name']}`)", "",
+                  f"{s['description']}; {s['repeats']} repeats.", "",
                   markdown_table(header, rows), "", paragraph(s)]
         plot = results.get("plots", {}).get(s["name"])
         if plot:
             lines += ["", f"![{s['title']}]({plot})"]
+    for side in results.get("side", []):
+        lines += ["", *side_md(side)]
     dc = results.get("decision_cost")
     if dc and dc.get("rows"):
         lines += ["", "## Decision cost", "", dc["note"], "",
                   markdown_table(["policy", "N", "native ns", "via nanobind ns",
-                                  "reference ns", "reference ÷ native",
-                                  "reference ÷ via nanobind"],
+                                  "pure Python ns (same algorithm)", "twin",
+                                  "pure Python ÷ via nanobind", "scan ns (extra line)"],
                                  [[r["policy"], str(r["num_actors"]), num(r["native_ns"]),
-                                   num(r["via_python_ns"]), num(r["reference_ns"]),
-                                   ratio_text(r["reference_ns"] / r["native_ns"])
-                                   if r.get("native_ns") else "–",
-                                   ratio_text(r["reference_ns"] / r["via_python_ns"])]
+                                   num(r["via_python_ns"]), num(r["python_ns"]),
+                                   r["twin"] + ("" if r["same_decisions"]
+                                                else " (**decisions differ**)"),
+                                   ratio_text(r["python_ns"] / r["via_python_ns"]),
+                                   num(r["scan_ns"])]
                                   for r in dc["rows"]])]
         if results.get("plots", {}).get("decision_cost"):
             lines += ["", f"![decision cost]({results['plots']['decision_cost']})"]
+    theory = results.get("theory")
+    if theory and theory.get("rows"):
+        lines += ["", "## SIMULATED against queueing theory", "", theory["note"], "",
+                  markdown_table(["policy", "λ", "actors", "formula", "predicted", "measured",
+                                  "± SE", "deviation", "agrees"],
+                                 [[r["policy"], f"{r['load']:g}", str(r["actors"]),
+                                   r["formula"], num(r["predicted"]), num(r["measured"]),
+                                   num(r["se"], 2), f"{r['deviation'] * 100:+.1f}%",
+                                   "yes" if r["agrees"] else "**no**"]
+                                  for r in theory["rows"]])]
     sim = results.get("simulation")
     if sim and sim.get("scenarios"):
         lines += ["", "## SIMULATED: the native balancer in a queue model (no Ray)", "",
@@ -486,7 +360,7 @@ def report_md(results: dict[str, Any]) -> str:
             rows = [[r["policy"], num(r["p50"]), num(r["p90"]), num(r["p99"]), num(r["p99_9"])]
                     + ([] if lat else [num(r["makespan_over_bound"])]) for r in sc["policies"]]
             lines += [f"### {sc['title']} — {sc['description']}", "",
-                      "Latency in units of the mean service time.", "",
+                      "Latency in units of the mean service time; one seeded run per policy.", "",
                       markdown_table(header, rows), "", sim_paragraph(sc), ""]
         ref = sim.get("reference")
         if ref:
@@ -502,12 +376,35 @@ def report_md(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def side_md(side: dict[str, Any]) -> list[str]:
+    """A side scenario's section: its summary and tables if it gave them, else its raw result."""
+    import json
+
+    result = side.get("result", {})
+    lines = [f"## {side.get('title', side['name'])} (`{side['name']}`, side scenario)", ""]
+    if side.get("skipped"):
+        return lines + [f"Not run: {side['skipped']}"]
+    if side.get("error"):
+        return lines + [f"**Failed**: {side['error']}"]
+    lines.append(f"`{side['module']}.run(quick, out_dir)`, {num(side.get('duration_s'))} s.")
+    if result.get("summary"):
+        lines += ["", str(result["summary"])]
+    for table in result.get("tables", []):
+        lines += ["", f"**{table.get('title', '')}**", "",
+                  markdown_table([str(h) for h in table["header"]],
+                                 [[str(c) for c in row] for row in table["rows"]])]
+    if not result.get("summary") and not result.get("tables"):
+        lines += ["", "```json", json.dumps(result, indent=1, default=str)[:4000], "```"]
+    return lines
+
+
 NOTES = """
-- `python -m benchmarks --quick` (what `make bench` runs) takes about five minutes on two cores;
+- `python -m benchmarks --quick` (what `make bench` runs) takes about six minutes on two cores;
   `--full` runs longer, bigger and more repeats; `--only straggler tiny_noop` picks scenarios
-  (also `sim` and `decision_cost`), `--contenders pow2 sed ray-random` picks contenders. With
-  `RAY_ADDRESS` set (e.g. `RAY_ADDRESS=auto` on a node of a cluster where actormesh is installed)
-  the harness joins that cluster instead of starting one.
+  (also `sim`, `theory`, `decision_cost` and the side scenarios), `--contenders pow2 sed
+  ray-random` picks contenders. With `RAY_ADDRESS` set (e.g. `RAY_ADDRESS=auto` on a node of a
+  cluster where actormesh is installed) the harness joins that cluster instead of starting one.
+  `--report results.json` rebuilds this report, `headline.md` and the plots from a saved run.
 - Service times are drawn by the driver (one seeded plan per repeat, identical for every
   contender) and slept by the actor, times its slowdown; the actor reports the time it took.
   `util` is the actors' busy time over the run span; `imbalance` is the busiest actor's busy time
@@ -515,31 +412,14 @@ NOTES = """
 - Open-loop arrivals: calls are sent at planned times whatever happened to earlier calls. The
   driver's own send lag is reported; if it fell behind, latencies would be understated, never
   inflated.
+- Intervals: 1,000 bootstrap resamples; each draws the repeats with replacement (the same
+  repeats for every contender: within a repeat they all played the same plan) and, for
+  percentiles and fractions, the calls within each drawn repeat. Fractions carry +½ / +1 so
+  that a contender with none of the counted calls still gets a finite, conservative ratio.
+- The A/A control, actormesh `random` against `random.choice`, is the same algorithm run twice;
+  the ratio between them is the noise of this machine in this scenario (plus actormesh's few
+  microseconds of per-call work, which only the tiny-call scenarios can see).
 - On a two-core machine the driver, eight to forty-eight actor processes and Ray's own daemons
   share the CPUs, so absolute latencies include contention; compare contenders within a
   scenario, not across machines.
 """
-
-
-def readme_snippet(results: dict[str, Any], plot_path: str | None) -> str:
-    """The short results section for the project README."""
-    m = results["machine"]
-    shared = "shared by every contender" if results["ray"].get("shared_actors") else "per policy"
-    lines = [
-        "## Latest benchmark results",
-        "",
-        f"`make bench` (`python -m benchmarks --quick`, {num(results['duration_s'])} s) on "
-        f"{results['created'][:10]}: {m['cpu_model']}, {m['nproc']} cores, Python {m['python']}, "
-        f"Ray {results['versions']['ray']}, commit {results['versions'].get('git', '?')}; "
-        f"{results['config']['actors']} single-slot actors {shared}, sleeping service times "
-        "drawn by the driver. Every figure was measured in the same run as its baseline; "
-        "`make bench` writes the full report (every scenario, the decision cost, the simulation) "
-        "to `bench-results/report.md`.",
-        "",
-        markdown_table(["what", "result", "goal"],
-                       [[h["what"], h["text"], h.get("goal", "")]
-                        for h in results.get("headlines", []) if h.get("readme")]),
-    ]
-    if plot_path:
-        lines += ["", f"![latency CDF with one actor 20× slower]({plot_path})"]
-    return "\n".join(lines) + "\n"

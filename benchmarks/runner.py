@@ -4,15 +4,17 @@ Every contender drives the same `Config.actors` actors, created once and reused 
 (starting an actor costs about half a second here): each native policy routes through its own
 mesh (own scheduler) over those actors, and the baselines call their handles directly. So
 `choose` and raw `.remote()` are compared on the same processes. (If the library's private
-parts used to share actors change, each policy gets its own actors instead; results.json says
-which.) Within a repeat every contender plays the same
+parts used to share actors change, each policy gets its own actors instead; the harness says so
+on the terminal and results.json records why.) Within a repeat every contender plays the same
 plan (same send times, same service times); the order of contenders rotates between repeats so
-that a slow drift of the machine does not favour whoever runs first.
+that a slow drift of the machine does not favour whoever runs first. After the repeats, every
+ratio of the scenario gets its bootstrap interval and the A/A control (`benchmarks.stats`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import time
@@ -24,7 +26,7 @@ import ray
 
 import actormesh as am
 
-from . import driver, metrics
+from . import driver, metrics, stats
 from .contenders import POLICIES, Contender, MeshChoose, RayActorPool, RayRandom, RayRoundRobin
 from .scenarios import Config, Scenario
 from .workloads import BenchWorker
@@ -85,6 +87,7 @@ class Fleet:
     contenders: list[Contender]
     created_at: float  # perf_counter when the actors were requested
     shared: bool  # True: one set of actors for every contender
+    not_shared_because: str = ""  # why not, when `shared` is False
     started_s: float = math.nan  # seconds until every actor answered
     overhead_s: float = 0.0  # per-call cost on top of the service time (see calibrate)
 
@@ -101,14 +104,17 @@ class Fleet:
 
         meshes: dict[str, am.ActorMesh[BenchWorker]] = {}
         shared = False
+        why = "not asked to share"
         if share:
             base = new_mesh(policies["pow2"])
             try:
                 meshes = {p: base if p == "pow2" else sibling(base, policy)
                           for p, policy in policies.items()}
                 shared = True
-            except Exception:  # the private parts changed: one mesh (and actor set) per policy
+                why = ""
+            except Exception as error:  # the private parts changed: one actor set per policy
                 meshes = {"pow2": base}
+                why = f"{type(error).__name__}: {error}"
         for p, policy in policies.items():
             if p not in meshes:
                 meshes[p] = new_mesh(policy)
@@ -121,7 +127,7 @@ class Fleet:
         ]
         if only:
             contenders = [c for c in contenders if c.name in only]
-        return cls(meshes, contenders, t, shared)
+        return cls(meshes, contenders, t, shared, why)
 
     @property
     def actor_count(self) -> int:
@@ -205,14 +211,14 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
     lat: dict[str, list[np.ndarray]] = {c.name: [] for c in contenders}
     warmup = cfg.warmup_s if scenario.kind in ("open", "fault") else -1.0
     drain = cfg.drain_s if scenario.kind in ("open", "fault") else cfg.batch_drain_s
-    pairs: list[dict[str, float]] = []  # per repeat, the primary metric of each contender
+    samples: dict[str, list[stats.RunSample]] = {c.name: [] for c in contenders}
+    judged_on = scenario.judged_on()
     if scenario.slow_rank >= 0:
         fleet.set_slowdowns(slowdowns)
     try:
         for r in range(repeats):
             planned, durations = scenario.plan(cfg, r, fleet.overhead_s)
             order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
-            row: dict[str, float] = {}
             for contender in order:
                 progress(f"{scenario.name} · repeat {r + 1}/{repeats} · {contender.name}")
                 barrier(contender)
@@ -226,16 +232,20 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
                                   retries=1 if scenario.kind == "fault" else 0)
                 m = metrics.run_metrics(run, warmup_s=warmup, slowdowns=slowdowns,
                                         killed_rank=scenario.kill_rank if scenario.kill_rank >= 0
-                                        else None)
+                                        else None, slow_ms=scenario.slow_ms())
                 per[contender.name].append(m)
-                ok_lat, censored, _ = metrics.latencies(run, warmup)
-                lat[contender.name].append(np.concatenate([ok_lat, censored]))
-                key = "throughput_per_s" if scenario.kind == "throughput" else "p99_ms"
-                row[contender.name] = float(m.get(key, math.nan))
-            pairs.append(row)
+                sample = metrics.sample(run, m, warmup)
+                samples[contender.name].append(sample)
+                lat[contender.name].append(sample.latencies_ms)
     finally:
         if scenario.slow_rank >= 0:
             fleet.set_slowdowns([1.0] * cfg.actors)
+    progress(f"{scenario.name} · bootstrap intervals")
+    comparisons = stats.compare(
+        samples, judged_on,
+        contenders=[c.name for c in contenders if c.family == "actormesh"],
+        baselines=[c.name for c in contenders if c.family != "actormesh"],
+        control=("random", "ray-random"), seed=_seed(scenario.name))
     return {
         "name": scenario.name,
         "title": scenario.title,
@@ -250,12 +260,19 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
                 "label": c.label,
                 "family": c.family,
                 "summary": metrics.summarise(per[c.name]),
+                "pooled": {k: v["estimates"].get(c.name) for k, v in comparisons.items()},
                 "runs": per[c.name],
                 "cdf": metrics.cdf(np.concatenate(lat[c.name])) if scenario.kind != "throughput"
                 else {"q": [], "ms": []},
             }
             for c in contenders
         ],
-        "paired": pairs,
+        "metrics": list(judged_on),
+        "slow_ms": scenario.slow_ms(),
+        "comparisons": comparisons,
         "duration_s": time.perf_counter() - t_start,
     }
+
+
+def _seed(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")

@@ -87,14 +87,16 @@ def plan(scenario: SimScenario, n_actors: int, calls: int,
 
 
 def simulate(scheduler: Any, arrivals: np.ndarray, service: np.ndarray,
-             slow: list[float]) -> np.ndarray:
-    """Play the calls through `scheduler`; return each call's end time (simulated seconds)."""
+             slow: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Play the calls through `scheduler`; return each call's end time (simulated seconds) and
+    the actor that served it."""
     n_actors = len(slow)
     calls = len(arrivals)
     arr = arrivals.tolist()
     svc = service.tolist()
     end = [0.0] * calls
     sent = [0.0] * calls
+    served_by = [-1] * calls
     running = [-1] * n_actors
     queues: list[deque[int]] = [deque() for _ in range(n_actors)]
     heap: list[tuple[float, int]] = []
@@ -104,6 +106,7 @@ def simulate(scheduler: Any, arrivals: np.ndarray, service: np.ndarray,
 
     def dispatch(call: int, actor: int, now: float) -> None:
         sent[call] = now
+        served_by[call] = actor
         if running[actor] < 0:
             running[actor] = call
             push(heap, (now + svc[call] * slow[actor], actor))
@@ -132,7 +135,7 @@ def simulate(scheduler: Any, arrivals: np.ndarray, service: np.ndarray,
             running[actor] = -1
         for decision in complete(actor, sent[call], now, True):
             dispatch(pending.pop(decision.ticket), decision.actor, now)
-    return np.asarray(end)
+    return np.asarray(end), np.asarray(served_by)
 
 
 def summary(scenario: SimScenario, arrivals: np.ndarray, end: np.ndarray,
@@ -162,7 +165,7 @@ def run_policy(factory: SchedulerFactory, policy: str, scenario: SimScenario, n_
     arrivals, service, slow = plan(scenario, n_actors, calls, seed)
     scheduler = factory(n_actors, policy, seed)
     t = time.perf_counter()
-    end = simulate(scheduler, arrivals, service, slow)
+    end, _ = simulate(scheduler, arrivals, service, slow)
     wall = time.perf_counter() - t
     out = summary(scenario, arrivals, end, slow, service, warmup)
     out["wall_s"] = wall

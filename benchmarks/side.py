@@ -1,0 +1,76 @@
+"""Side scenarios: benchmark scripts of their own that also run inside `python -m benchmarks`.
+
+A side scenario is a module of this package with a function
+
+    run(quick: bool, out_dir: str) -> dict
+
+that measures something the balancing scenarios do not (the vLLM pool's routing, the trainer's
+async against sync steps, a torch world). The harness calls it after the Ray scenarios, with
+Ray already initialised on the harness's cluster (the function must not call `ray.shutdown()`),
+`quick` True under `make bench`, and `out_dir` the harness's output directory (for plots).
+It may print progress. What it returns goes to results.json as is; report.md renders these keys
+when present:
+
+- `"summary"`: a paragraph (markdown);
+- `"tables"`: a list of `{"title": str, "header": [str, ...], "rows": [[cell, ...], ...]}`;
+- `"headline"`: rows for headline.md, each a dict with `"title"` (scenario · metric), `"values"`
+  (text), and ratio dicts in the form of `stats.Ratio.as_dict()`: `"vs_strongest"` (the default
+  against the strongest baseline, whose name goes in `"strongest"`), `"vs_random"`, `"best"` and
+  `"best_vs_strongest"` (optional), and `"control"` (the A/A pair). `stats.compare` builds all
+  of these from per-run samples (`stats.RunSample`), as the balancing scenarios do.
+
+To add one, add a line to `SIDE`. A module that cannot be imported (its framework is not
+installed) is reported as skipped, not failed; an exception inside `run` is reported as failed
+and the harness goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+import traceback
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    module: str  # under benchmarks/
+    title: str
+    quick: bool = True  # part of `make bench`; False: only when named with --only
+
+
+SIDE: dict[str, Side] = {
+    # "pool_routing": Side("pool_routing", "vLLM pool: routing and interruptions"),
+    # "async_trainer": Side("async_trainer", "Async trainer against the synchronous loop"),
+    # "torch_world": Side("torch_world", "A torch.distributed world on a mesh"),
+}
+
+
+def selected(mode: str, only: list[str] | None) -> list[str]:
+    """The side scenarios a run includes: those named by --only, else those `quick` allows."""
+    if only:
+        return [n for n in SIDE if any(n.startswith(o) for o in only)]
+    return [n for n, s in SIDE.items() if s.quick or mode == "full"]
+
+
+def run(name: str, quick: bool, out_dir: str) -> dict[str, Any]:
+    """Run one side scenario; a section for results.json whatever happened."""
+    side = SIDE[name]
+    section: dict[str, Any] = {"name": name, "title": side.title,
+                               "module": f"benchmarks.{side.module}"}
+    started = time.perf_counter()
+    try:
+        module = importlib.import_module(section["module"])
+    except ImportError as error:
+        section["skipped"] = f"cannot import {section['module']}: {error}"
+        return section
+    try:
+        result = module.run(quick, out_dir)
+    except Exception as error:  # a side scenario's failure is reported, not fatal
+        section["error"] = f"{type(error).__name__}: {error}"
+        section["traceback"] = traceback.format_exc(limit=8)
+    else:
+        section["result"] = result if isinstance(result, dict) else {"value": result}
+    section["duration_s"] = time.perf_counter() - started
+    return section
