@@ -593,3 +593,67 @@ def test_a_rollout_may_return_any_awaitable() -> None:
 
     metrics = AsyncTrainer(list(range(6)), rollout, _train, batch_size=3, seed=SEED).run()
     assert sorted(u for m in metrics for u in m["uids"]) == list(range(6))
+
+
+def test_cancelling_run_async_stops_the_rollouts_without_waiting_for_a_busy_train_thread(
+        caplog: pytest.LogCaptureFixture) -> None:
+    training, release = asyncio.Event(), threading.Event()
+    rollouts_cancelled: list[int] = []
+    first_batch = epoch_order(40, SEED, 0)[:2]
+
+    async def rollout(prompt: int, uid: int) -> int | None:
+        try:
+            await yields(uid)
+            if uid not in first_batch:
+                await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            rollouts_cancelled.append(uid)
+            raise
+        return uid
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        def train(groups: list[int], step: int) -> None:
+            loop.call_soon_threadsafe(training.set)
+            assert release.wait(timeout=30)
+
+        trainer = AsyncTrainer(list(range(40)), rollout, train, batch_size=2, max_staleness=4,
+                               seed=SEED)
+        run = asyncio.create_task(trainer.run_async())
+        await asyncio.wait_for(training.wait(), timeout=30)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+        assert rollouts_cancelled and trainer.step == 0
+
+    with caplog.at_level("WARNING", logger="actormesh.trainer"):
+        try:
+            asyncio.run(main())
+        finally:
+            release.set()  # the blocked step may end now: its thread goes with it
+    assert "still runs in its thread" in caplog.text
+    for thread in threading.enumerate():
+        if thread.name.startswith("actormesh-train"):
+            thread.join(timeout=30)
+    assert no_train_thread()
+
+
+def test_one_run_at_a_time() -> None:
+    gate = asyncio.Event()
+
+    async def rollout(prompt: int, uid: int) -> int | None:
+        await gate.wait()
+        return uid
+
+    async def main() -> None:
+        trainer = AsyncTrainer([0, 1], rollout, _train, batch_size=1)
+        first = asyncio.create_task(trainer.run_async())
+        await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="already running"):
+            await trainer.run_async()
+        gate.set()
+        assert len(await first) == 2
+
+    asyncio.run(main())

@@ -58,7 +58,8 @@ The rules, exactly (B = `batch_size`, S = `max_staleness`):
   again, up to `rollout_retries` times; then the run stops with `RolloutError` naming the uid.
   An exception from `train`, `sync_weights` or `on_transition` stops the run and propagates
   unchanged. A stopping run cancels every rollout it started and waits for them to end; waits
-  without a timeout of their own log a warning every `STALL_LOG_S` (a hang is never silent).
+  without a timeout of their own log a warning every 60 s naming what they wait for (a hang is
+  never silent).
 - **Resume**: `run(max_steps=k)` stops after k steps; `state_dict()` holds the committed
   progress (epoch, step, the epoch's consumed and filtered uids, its counters) and a new trainer
   with the same prompts and seed continues after `load_state_dict()` (its first run calls
@@ -77,11 +78,8 @@ from ._ledger import Counters, Transition
 from ._metrics import StepMetrics
 from ._progress import EpochCounters, TrainerState, epoch_order
 from ._trainer import AsyncTrainer
-from ._waits import CANCEL_GRACE_S, STALL_LOG_S
 
 __all__ = [
-    "CANCEL_GRACE_S",
-    "STALL_LOG_S",
     "AsyncTrainer",
     "Counters",
     "EpochCounters",

@@ -8,13 +8,14 @@ holds), and if it returns an awaitable, that is awaited on the loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import inspect
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar, cast
+from typing import Generic, TypeVar, cast
 
 from ._waits import watched
 
@@ -38,7 +39,7 @@ class StepCalls(Generic[G]):
         self._sync = sync_weights
         self.engine_version: int | None = 0
         self._executor: ThreadPoolExecutor | None = None
-        self._in_thread: asyncio.Future[Any] | None = None
+        self._in_thread: concurrent.futures.Future[object] | None = None
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncGenerator[None, None]:
@@ -75,8 +76,9 @@ class StepCalls(Generic[G]):
         else:
             if self._executor is None:
                 raise RuntimeError(f"{what} called outside a run")
-            loop = asyncio.get_running_loop()
-            self._in_thread = loop.run_in_executor(self._executor, functools.partial(fn, *args))
-            result = await watched(self._in_thread, what)
+            # The concurrent future, unlike its asyncio wrapper, stays running while the
+            # thread does, even after the run is cancelled: session() needs to know.
+            self._in_thread = self._executor.submit(functools.partial(fn, *args))
+            result = await watched(asyncio.wrap_future(self._in_thread), what)
         if inspect.isawaitable(result):
             await watched(result, what)

@@ -62,7 +62,9 @@ class AsyncTrainer(Generic[G]):
         `max_staleness`; `on_transition(counters)` is called on the event loop after every
         change of the admission counters (for metrics or checks; an exception stops the run).
         """
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        # Anything indexable with a length will do (a list, an array, a datasets.Dataset).
+        if (isinstance(prompts, (str, bytes, Mapping)) or not hasattr(prompts, "__len__")
+                or not hasattr(prompts, "__getitem__")):
             raise TypeError(f"prompts must be a sequence (indexed by uid), got "
                             f"{type(prompts).__name__}")
         if len(prompts) == 0:

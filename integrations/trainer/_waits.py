@@ -1,4 +1,4 @@
-"""How long the trainer waits before it speaks up, and the one way it waits on a user's call."""
+"""How long the trainer waits before it speaks up, and its waits that speak up when they last."""
 
 from __future__ import annotations
 
