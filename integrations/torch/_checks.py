@@ -31,8 +31,8 @@ def backend(value: str | None, actors_have_gpus: bool, what: str) -> str:
     in the error).
     """
     if value is None:
-        return "nccl" if actors_have_gpus else "gloo"
-    if value not in BACKENDS:
+        value = "nccl" if actors_have_gpus else "gloo"
+    elif value not in BACKENDS:
         raise ValueError(f"backend={value!r}: unknown; use one of {list(BACKENDS)} (or None)")
     if value == "nccl":
         if not actors_have_gpus:

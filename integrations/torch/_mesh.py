@@ -97,8 +97,6 @@ class TorchMesh(am.ActorMesh[T]):
         full = am.Shape.of(shape)
         timeout_s = _checks.seconds("timeout_s", timeout_s)
         join_timeout_s = _checks.seconds("join_timeout_s", join_timeout_s)
-        if "shape" in mesh_options:
-            raise TypeError("TorchMesh takes shape once, as its second argument")
         gpus = bool(mesh_options.get("num_gpus")) or _checks.placement_has_gpus(
             mesh_options.get("placement"))
         chosen = _checks.backend(backend, gpus, "the actors")
