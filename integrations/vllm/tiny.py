@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 _WORDS = (
     "the a one every some actor mesh engine token prompt weight cache batch request pool "
@@ -54,8 +55,9 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0, dtype: str = "float32")
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(_sentences(400, seed), vocab_size=VOCAB_SIZE, min_frequency=1,
                             show_progress=False, special_tokens=["<unk>", "<s>", "</s>"])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>",
-                                        bos_token="<s>", eos_token="</s>")
+    fast_tokenizer: Any = PreTrainedTokenizerFast  # untyped for mypy
+    tokenizer = fast_tokenizer(tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>",
+                               eos_token="</s>")
     tokenizer.save_pretrained(work)
 
     config = LlamaConfig(
@@ -65,7 +67,8 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0, dtype: str = "float32")
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        llama: Any = LlamaForCausalLM  # untyped for mypy
+        model = llama(config)
     model.to(getattr(torch, dtype)).save_pretrained(work, safe_serialization=True)
     try:
         os.replace(work, out)

@@ -1,0 +1,224 @@
+"""`VllmEngine`: one vLLM `AsyncLLM` inside an async Ray actor, speaking the engine protocol.
+
+vLLM is imported inside the actor only. The actor keeps its own count of the sequences it holds
+(`_live`, with an event when it drops to zero): a pause returns when that count says so, never
+after a guessed grace period. Requests are added with `AsyncLLM.add_request` and read from its
+output queue (what `AsyncLLM.generate` does), so that a request added while an abort-pause is
+being made can abort itself: whichever of the two reaches the engine core last, the request is
+cut. Aborts never go by request id: vLLM rewrites the ids it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import actormesh as am
+
+from ._protocol import Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
+from ._worker import EXTENSION
+
+log = logging.getLogger("actormesh.vllm")
+
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {
+    "kv_cache_memory_bytes": 64 * 2**20,
+    "seed": 0,
+}
+"""Engine arguments the pool sets unless the user does: a small KV cache (without a size vLLM
+wants most of the machine's memory on the CPU) and a fixed seed."""
+
+ENV_VARS = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # else start-up is ~3x slower, with an extra process
+    "TORCH_COMPILE_DISABLE": "1",  # else the first request with logprobs compiles for seconds
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+"""Environment of the engine actors (the user's `runtime_env` env_vars win)."""
+
+_RESERVED = ("model", "worker_extension_cls")
+
+
+class _SchedulerCounts:
+    """A vLLM stat logger that keeps the scheduler's latest counts for `stats()`."""
+
+    def __init__(self) -> None:
+        self.running: int | None = None
+        self.waiting: int | None = None
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        counts = self
+
+        class Logger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any,
+                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+                if scheduler_stats is None:
+                    return
+                counts.running = int(scheduler_stats.num_running_reqs)
+                counts.waiting = int(scheduler_stats.num_waiting_reqs)
+                prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if prefix is not None:
+                    counts.prefix_queries += int(prefix.queries)
+                    counts.prefix_hits += int(prefix.hits)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return Logger(vllm_config, engine_index)
+
+
+class VllmEngine(Engine):
+    """A vLLM `AsyncLLM` (engine core in one process, no extra workers) on the CPU or a GPU."""
+
+    @classmethod
+    def check_args(cls, model: str, engine_args: Mapping[str, Any]) -> None:
+        for key in _RESERVED:
+            if key in engine_args:
+                raise ValueError(
+                    f"engine_args[{key!r}]={engine_args[key]!r}: the pool sets {key!r} itself"
+                )
+        looks_local = os.sep in model or model.startswith(".")
+        if looks_local and not os.path.isdir(model):
+            raise ValueError(f"model={model!r}: no such directory")
+
+    @classmethod
+    def mesh_defaults(cls) -> dict[str, Any]:
+        return {"num_cpus": 1, "runtime_env": {"env_vars": dict(ENV_VARS)}}
+
+    def __init__(self, model: str, engine_args: Mapping[str, Any]) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args: dict[str, Any] = {**DEFAULT_ENGINE_ARGS, **engine_args,
+                                "worker_extension_cls": EXTENSION}
+        self._rank = am.current_rank().rank
+        self._counts = _SchedulerCounts()
+        # Only the pool's stat logger runs (vLLM's own would log throughput every few seconds).
+        self._llm: Any = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(model=model, disable_log_stats=True, **args),
+            stat_loggers=[self._counts.factory],
+        )
+        self._version = 0
+        self._paused: PauseMode | None = None
+        self._cutting = False  # paused with "abort": every sequence ends at once
+        self._live = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+        self._generated = 0
+        self._start_gate()
+
+    # -- generation -------------------------------------------------------------------------
+    @am.method
+    async def generate(self, requests: list[SubRequest]) -> list[Piece]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    async def _one(self, request: SubRequest) -> Piece:
+        await self._restored()
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if self._cutting:
+            return Piece([], [], [], "abort", self._rank)
+        params = SamplingParams(**request.sampling, logprobs=0, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        self._live += 1
+        self._quiet.clear()
+        queue: Any = None
+        try:
+            queue = await self._llm.add_request(
+                request.key, {"prompt_token_ids": request.token_ids}, params
+            )
+            if self._cutting:  # an abort-pause began while this request was being added
+                await self._llm.abort(queue.request_id, internal=True)
+            out: Any = None
+            while out is None or not out.finished:
+                out = queue.get_nowait() or await queue.get()
+            return self._piece(out.outputs[0])
+        except EngineDeadError:
+            # The engine core is gone and this actor cannot serve again: end the process, so the
+            # mesh sees a death (and Ray restarts it if it may) and the pool fails over.
+            log.critical("vLLM engine core of engine %d died; ending its actor", self._rank)
+            os._exit(1)
+        except asyncio.CancelledError:
+            if queue is not None:
+                await self._llm.abort(queue.request_id, internal=True)
+            raise
+        finally:
+            if queue is not None:
+                queue.close()
+            self._live -= 1
+            if self._live == 0:
+                self._quiet.set()
+
+    def _piece(self, completion: Any) -> Piece:
+        tokens = list(completion.token_ids)
+        logprobs = [step[token].logprob for step, token in zip(completion.logprobs or (), tokens)]
+        versions: list[int] = []
+        for span in completion.weight_versions or ():
+            label = 0 if span.version == "default" else int(span.version)
+            versions.extend([label] * (span.end - span.start))
+        versions.extend([self._version] * (len(tokens) - len(versions)))
+        self._generated += len(tokens)
+        reason = str(completion.finish_reason)
+        finish = reason if reason in ("stop", "length") else "abort"
+        return Piece(tokens, logprobs, versions[: len(tokens)], finish, self._rank)  # type: ignore[arg-type]
+
+    # -- pausing ----------------------------------------------------------------------------
+    @am.method
+    async def pause(self, mode: PauseMode) -> None:
+        if mode == "abort":
+            self._cutting = True
+            await self._llm.pause_generation(mode="abort", clear_cache=False)
+            await self._quiet.wait()
+        elif mode == "wait":
+            await self._quiet.wait()  # vLLM's own "wait" leaves queued requests waiting
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+        else:
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+        self._paused = "abort" if self._cutting else mode
+
+    @am.method
+    async def resume(self) -> None:
+        self._cutting = False
+        self._paused = None
+        await self._llm.resume_generation()
+
+    # -- state ------------------------------------------------------------------------------
+    @am.method
+    async def stats(self) -> EngineStats:
+        c = self._counts
+        return EngineStats(self._rank, sequences=self._live, running=c.running,
+                           waiting=c.waiting, paused=self._paused,
+                           weight_version=self._version, generated_tokens=self._generated,
+                           prefix_queries=c.prefix_queries, prefix_hits=c.prefix_hits)
+
+    # -- weights ----------------------------------------------------------------------------
+    @am.method
+    async def weight_spec(self) -> WeightSpec:
+        raw = (await self._llm.collective_rpc("actormesh_weight_spec"))[0]
+        return WeightSpec.from_wire(raw)
+
+    @am.method
+    async def read_weights(self, names: list[str]) -> bytes:
+        blob: bytes = (await self._llm.collective_rpc("actormesh_read_weights", args=(names,)))[0]
+        return blob
+
+    @am.method
+    async def load_weights(self, blob: bytes, version: int) -> int:
+        loaded = int((await self._llm.collective_rpc("actormesh_load_weights", args=(blob,)))[0])
+        # Cached KV of the old weights would give wrong tokens; frozen requests are preempted
+        # and recompute theirs on the new weights when they resume.
+        await self._llm.reset_prefix_cache(reset_running_requests=True)
+        await self._llm.update_weight_version(str(version))
+        self._version = version
+        return loaded

@@ -1,0 +1,549 @@
+"""`EnginePool`: vLLM engines on an `ActorMesh`, with interruptible generation and weight updates.
+
+How a request travels:
+
+    pool.generate(prompt)            validate, then hand a task to the pool's event-loop thread
+      -> _run                        wait while the pool is paused (the gate), then
+         mesh.methods.generate       .options(affinity=session).choose([sub-request])
+           .choose(...)              the native balancer counts it until the engine answers
+      <- [Piece]                     finished: done.  Cut by an abort-pause: back to the gate,
+                                     then resent to the same engine with the tokens so far.
+                                     Engine died: resent from what the pool has, via choose.
+
+Every piece of pool state (the gate, the pause mode, calls out, kept weights) is touched on the
+pool's loop thread only; control operations (pause, resume, update, restore) run there one at a
+time under one lock. Callers on any thread get a `PoolFuture`: `.get(timeout)` or `await`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import dataclasses
+import itertools
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Coroutine, Hashable, Mapping
+from typing import Any, Generic, TypedDict, TypeVar
+
+import ray
+from typing_extensions import Unpack
+
+import actormesh as am
+from actormesh._balancer import BalancerSpec
+
+from . import _weights
+from ._protocol import PAUSE_MODES, Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
+from ._requests import Generation, Sequence, check_prompt, check_sampling, group
+
+log = logging.getLogger("actormesh.vllm")
+
+R = TypeVar("R")
+
+DIM = "engine"
+"""The one dim of a pool's mesh."""
+
+
+class MeshOptions(TypedDict, total=False):
+    """The `ActorMesh` options a pool passes through to its engine actors."""
+
+    num_cpus: float | None
+    num_gpus: float | None
+    resources: Mapping[str, float] | None
+    memory: int | None
+    runtime_env: Mapping[str, Any] | None
+    placement: am.Placement | None
+    max_in_flight: int | None
+    max_restarts: int
+    name: str | None
+
+
+class PoolFuture(Generic[R]):
+    """The pending result of a pool operation: `.get(timeout=None)`, `await`, `.done()`.
+
+    Done-callbacks run on the pool's loop thread: keep them short.
+    """
+
+    __slots__ = ("_future", "_label")
+
+    def __init__(self, future: cf.Future[R], label: str) -> None:
+        self._future = future
+        self._label = label
+
+    def get(self, timeout: float | None = None) -> R:
+        """Wait for the result; raise its error, or `TimeoutError` after `timeout` s."""
+        try:
+            return self._future.result(timeout)
+        except cf.TimeoutError:
+            if self._future.done():
+                raise
+            raise TimeoutError(f"{self._label} did not finish within {timeout} s") from None
+
+    def __await__(self) -> Any:
+        return asyncio.wrap_future(self._future).__await__()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def add_done_callback(self, fn: Callable[[PoolFuture[R]], object]) -> None:
+        self._future.add_done_callback(lambda _: fn(self))
+
+    def cancel(self) -> bool:
+        """Stop waiting: the caller gets `CancelledError`; a call already at an engine runs on."""
+        return self._future.cancel()
+
+    def __repr__(self) -> str:
+        return f"PoolFuture({self._label}, {'done' if self.done() else 'pending'})"
+
+
+class PoolStats(TypedDict):
+    """`pool.stats()`: the pool's own counters and each engine's `EngineStats`."""
+
+    weight_version: int
+    paused: PauseMode | None
+    held: int
+    requests_done: int
+    interruptions: int
+    failovers: int
+    engines: list[EngineStats]
+
+
+class EnginePool:
+    """`num_engines` engine actors (vLLM's `AsyncLLM` by default) on an `ActorMesh` with dim
+    `"engine"`, serving token-id requests through the mesh's balancer.
+
+    `engine_args` go to the engine (for vLLM, `AsyncEngineArgs` fields; the pool sets a small
+    KV cache and the environment vLLM needs on the CPU unless you do). `mesh_options` go to the
+    `ActorMesh` (`num_cpus`, `max_restarts`, `runtime_env`, ...). `timeout_s` bounds every
+    control operation (pause, resume, weight update, stats); `max_failovers` is how many times
+    one request may be resent after engine deaths before its caller gets the error.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        num_engines: int = 1,
+        *,
+        engine_args: Mapping[str, Any] | None = None,
+        balancer: BalancerSpec = "least_loaded",
+        engine_cls: type[Engine] | None = None,
+        timeout_s: float = 300.0,
+        max_failovers: int = 3,
+        **mesh_options: Unpack[MeshOptions],
+    ) -> None:
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model={model!r}: must be a path or a model name")
+        model = os.fspath(model)
+        if isinstance(num_engines, bool) or not isinstance(num_engines, int) or num_engines < 1:
+            raise ValueError(f"num_engines={num_engines!r}: must be an int >= 1")
+        if engine_args is not None and not isinstance(engine_args, Mapping):
+            raise TypeError(f"engine_args={engine_args!r}: must be a mapping")
+        args = dict(engine_args or {})
+        if engine_cls is None:
+            from ._engine import VllmEngine
+
+            engine_cls = VllmEngine
+        if not (isinstance(engine_cls, type) and issubclass(engine_cls, Engine)):
+            raise TypeError(f"engine_cls={engine_cls!r}: must be a subclass of Engine")
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s={timeout_s!r}: must be a finite number > 0")
+        if isinstance(max_failovers, bool) or not isinstance(max_failovers, int) or max_failovers < 0:
+            raise ValueError(f"max_failovers={max_failovers!r}: must be an int >= 0")
+        for key in ("args", "kwargs", "on_restart", "shape"):
+            if key in mesh_options:
+                raise TypeError(f"EnginePool sets {key!r} of its mesh itself")
+        engine_cls.check_args(model, args)
+        options: dict[str, Any] = _merge_options(engine_cls.mesh_defaults(), dict(mesh_options))
+
+        self.model = model
+        self.weight_version = 0
+        self._timeout_s = float(timeout_s)
+        self._max_failovers = max_failovers
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name="actormesh-vllm-pool", daemon=True)
+        self._thread.start()
+        self._pending: set[cf.Future[Any]] = set()
+        self._ids = itertools.count()
+        # Loop-thread state.
+        self._open = asyncio.Event()  # set while not paused: the gate every send passes
+        self._open.set()
+        self._paused: PauseMode | None = None
+        self._control = asyncio.Lock()
+        self._out = 0  # generate calls sent and not yet answered
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._held = 0
+        self._done = 0
+        self._interruptions = 0
+        self._failovers = 0
+        self._spec: WeightSpec | None = None
+        self._kept: dict[str, Any] = {}
+
+        if options.get("max_restarts", 0) != 0:
+            options["on_restart"] = self._on_restart
+        try:
+            self.mesh: am.ActorMesh[Engine] = am.ActorMesh(
+                engine_cls, {DIM: num_engines}, args=(model, args), balancer=balancer, **options,
+            )
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._engines = [self.mesh[i] for i in range(num_engines)]
+
+    # -- requests ---------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_token_ids: list[int],
+        sampling: Mapping[str, Any] | None = None,
+        *,
+        session: Hashable | None = None,
+    ) -> PoolFuture[Generation]:
+        """Generate from a prompt of token ids on the least loaded engine (or the session's).
+
+        `sampling` maps vLLM `SamplingParams` fields (`max_tokens`, `temperature`, `seed`,
+        `stop_token_ids`, `ignore_eos`, ...). Interruptions (pauses, aborts, engine deaths) are
+        invisible to the caller: with greedy sampling the result is the uninterrupted one.
+        """
+        seq = Sequence(check_prompt(prompt_token_ids), check_sampling(sampling))
+        if session is not None:
+            hash(session)
+
+        async def one() -> Generation:
+            await self._run([seq], session)
+            return seq.result()
+
+        return self._submit(one(), "generate")
+
+    def generate_group(
+        self,
+        prompt_token_ids: list[int],
+        sampling: Mapping[str, Any] | None = None,
+        *,
+        n: int,
+    ) -> PoolFuture[list[Generation]]:
+        """`n` samples of one prompt on one engine (they share the prompt's prefix cache); with
+        a `seed`, sample i uses seed + i."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n={n!r}: must be an int >= 1")
+        samples = group(check_prompt(prompt_token_ids), check_sampling(sampling), n)
+
+        async def run() -> list[Generation]:
+            await self._run(samples, None)
+            return [s.result() for s in samples]
+
+        return self._submit(run(), "generate_group")
+
+    async def _run(self, seqs: list[Sequence], session: Hashable | None) -> None:
+        """Send the unfinished sequences until every one is done (on the loop thread)."""
+        key = str(next(self._ids))
+        engine: int | None = None
+        attempt = failovers = 0
+        while True:
+            todo = [s for s in seqs if not s.done]
+            if not todo:
+                self._done += 1
+                return
+            if not self._open.is_set():
+                self._held += 1
+                try:
+                    await self._open.wait()
+                finally:
+                    self._held -= 1
+            self._check_open()
+            requests = [s.request(f"{key}.{i}.{attempt}") for i, s in enumerate(todo)]
+            attempt += 1
+            future = self._send(requests, session, engine)
+            self._out += 1
+            self._idle.clear()
+            try:
+                pieces: list[Piece] = await future
+            except (am.ActorDiedError, am.NoLiveActorsError) as err:
+                self._check_open()
+                if isinstance(err, am.NoLiveActorsError) and engine is None:
+                    raise
+                if isinstance(err, am.ActorDiedError):
+                    failovers += 1
+                    if failovers > self._max_failovers:
+                        raise
+                    self._failovers += 1
+                    for s in todo:
+                        s.lost()
+                    log.warning("request %s: %s; resending it (failover %d)", key, err, failovers)
+                engine = None
+                continue
+            finally:
+                self._out -= 1
+                if self._out == 0:
+                    self._idle.set()
+            for s, piece in zip(todo, pieces):
+                before = s.interruptions
+                s.add(piece)
+                self._interruptions += s.interruptions - before
+            engine = pieces[0].engine
+
+    def _send(self, requests: list[SubRequest], session: Hashable | None,
+              engine: int | None) -> am.MeshFuture[list[Piece]]:
+        """One `choose`: on `engine` (a resend after a cut, while it lives), else by the
+        balancer, sticky to `session`."""
+        if engine is not None and self.mesh.load().alive[engine]:
+            return self._engines[engine].methods.generate.choose(requests)
+        method = self.mesh.methods.generate
+        if session is not None:
+            method = method.options(affinity=session)
+        return method.choose(requests)
+
+    # -- pausing ----------------------------------------------------------------------------
+    def pause(self, mode: PauseMode = "keep", *, timeout: float | None = None) -> PoolFuture[None]:
+        """Stop generation: `await pool.pause("keep" | "abort" | "wait")`.
+
+        New requests (and resends) are held by the pool from this call on, before any engine
+        pauses. `"keep"`: requests freeze inside the engines. `"abort"`: requests are cut and
+        resent after `resume`, each to the same engine with its tokens so far. `"wait"`:
+        requests already sent finish first. Pausing a paused pool does nothing, except that
+        `"abort"` cuts what a `"keep"` pause froze. On a timeout the pool stays paused.
+        """
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode={mode!r}: must be one of {PAUSE_MODES}")
+        limit = self._limit(timeout)
+
+        async def run() -> None:
+            async with self._control:
+                await self._pause(mode, limit)
+
+        return self._submit(run(), f"pause({mode})")
+
+    def resume(self, *, timeout: float | None = None) -> PoolFuture[None]:
+        """Let the engines generate again and release the requests the pool held."""
+        limit = self._limit(timeout)
+
+        async def run() -> None:
+            async with self._control:
+                await self._resume(limit)
+
+        return self._submit(run(), "resume")
+
+    async def _pause(self, mode: PauseMode, timeout: float) -> None:
+        if self._paused is not None and mode != "abort":
+            return
+        was = self._paused
+        self._open.clear()
+        self._paused = mode
+        if mode == "wait":
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        await self._all("pause", timeout, mode)
+        if was == "keep" and mode == "abort":
+            self._paused = "abort"
+
+    async def _resume(self, timeout: float) -> None:
+        if self._paused is None:
+            return
+        await self._all("resume", timeout)
+        self._paused = None
+        self._open.set()
+
+    async def _all(self, method: str, timeout: float, *args: Any) -> list[Any]:
+        """Call `method` on every engine; engines that died are skipped (a restarted one is
+        brought to the pool's state by `restore`), any other error raises."""
+        mesh_method: am.MeshMethod[..., Any] = getattr(self.mesh.methods, method)
+        values = await mesh_method.options(return_exceptions=True, timeout=timeout).all(*args)
+        out = []
+        for value in values:
+            if isinstance(value, (am.ActorDiedError, am.NoLiveActorsError)):
+                log.warning("%s skipped a dead engine: %s", method, value)
+            elif isinstance(value, BaseException):
+                raise value
+            else:
+                out.append(value)
+        return out
+
+    # -- weights ----------------------------------------------------------------------------
+    def update_weights(
+        self,
+        weights: Mapping[str, Any] | ray.ObjectRef[Any],
+        *,
+        version: int | None = None,
+        timeout: float | None = None,
+    ) -> PoolFuture[int]:
+        """Load new weights into every engine: `await pool.update_weights({name: tensor})`.
+
+        `weights` maps checkpoint names (as in the model's safetensors files) to arrays or
+        tensors, or ObjectRefs of them (or is an ObjectRef of such a mapping). Every name and
+        shape is checked before any engine loads anything; a partial update is completed from
+        the current weights. While generating, the pool pauses (`"keep"`), loads, and resumes:
+        later tokens carry the new version, `version` or the current one + 1. Returns it.
+        """
+        if not isinstance(weights, (Mapping, ray.ObjectRef)):
+            raise TypeError(f"weights: must be a mapping of name to tensor or an ObjectRef, "
+                            f"got {type(weights).__name__}")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                    or version < 0):
+            raise ValueError(f"version={version!r}: must be an int >= 0")
+        limit = self._limit(timeout)
+
+        async def run() -> int:
+            async with self._control:
+                return await self._update(weights, version, limit)
+
+        return self._submit(run(), "update_weights")
+
+    async def _weight_spec(self, timeout: float) -> WeightSpec:
+        if self._spec is None:
+            self._spec = await self.mesh.methods.weight_spec.options(timeout=timeout).choose()
+        return self._spec
+
+    async def _update(self, weights: Mapping[str, Any] | ray.ObjectRef[Any],
+                      version: int | None, timeout: float) -> int:
+        given: Mapping[str, Any] = await weights if isinstance(weights, ray.ObjectRef) else weights
+        if not isinstance(given, Mapping):
+            raise TypeError(f"weights ObjectRef holds {type(given).__name__}, not a mapping")
+        tensors = {name: (await value if isinstance(value, ray.ObjectRef) else value)
+                   for name, value in given.items()}
+        spec = await self._weight_spec(timeout)
+        _weights.check(tensors, spec)
+        missing = _weights.missing_members(set(tensors), spec)
+        unread = sorted(missing - set(self._kept))
+        if unread:
+            blob = await self.mesh.methods.read_weights.options(timeout=timeout).choose(unread)
+            self._kept.update(_weights.unpack(blob))
+        full = {**{n: self._kept[n] for n in missing}, **tensors}
+        blob, ref = await asyncio.to_thread(self._pack_and_put, full, spec)
+        new_version = self.weight_version + 1 if version is None else version
+        was_paused = self._paused is not None
+        if not was_paused:
+            await self._pause("keep", timeout)
+        try:
+            await self._all("load_weights", timeout, ref, new_version)
+        finally:
+            if not was_paused:
+                await self._resume(timeout)
+        self._kept.update(_weights.unpack(blob))  # copies: the caller may change its tensors
+        self.weight_version = new_version
+        log.info("weights version %d loaded (%d tensors)", new_version, len(full))
+        return new_version
+
+    @staticmethod
+    def _pack_and_put(weights: Mapping[str, Any], spec: WeightSpec) -> tuple[bytes, Any]:
+        blob = _weights.pack(weights, spec)
+        return blob, ray.put(blob)  # put once: every engine reads the same object
+
+    def _on_restart(self, view: am.ActorMesh[Engine]) -> None:
+        """A restarted engine answers again: have the loop restore it (it holds requests until
+        then). Returns at once, whatever thread the mesh calls it on."""
+        if not self._closed:
+            asyncio.run_coroutine_threadsafe(self._restore(view), self._loop).add_done_callback(
+                _log_failure(f"restoring engine {view.points[0].rank}"))
+
+    async def _restore(self, view: am.ActorMesh[Engine]) -> None:
+        async with self._control:
+            ref = None
+            if self._kept and self._spec is not None:
+                _, ref = await asyncio.to_thread(self._pack_and_put, self._kept, self._spec)
+            await view.methods.restore.options(timeout=self._timeout_s).all(
+                ref, self.weight_version, self._paused)
+            log.info("engine %d restarted and restored (weights version %d)",
+                     view.points[0].rank, self.weight_version)
+
+    # -- state and lifetime -----------------------------------------------------------------
+    def stats(self, *, timeout: float | None = None) -> PoolStats:
+        """The pool's counters and, per engine, requests outstanding (from the balancer) and
+        what the engine reports (running, waiting, prefix-cache hits, ...). Blocks; not for
+        a done-callback (those run on the pool's loop thread)."""
+        limit = self._limit(timeout)
+        loads = self.mesh.load()
+        replies = list(self.mesh.methods.stats.options(return_exceptions=True, timeout=limit)
+                       .all().get(limit))
+        engines = []
+        for rank, reply in enumerate(replies):
+            base = reply if isinstance(reply, EngineStats) else EngineStats(rank, alive=False)
+            alive = loads.alive[rank] and isinstance(reply, EngineStats)
+            engines.append(dataclasses.replace(base, alive=alive, outstanding=loads[rank]))
+
+        async def counters() -> PoolStats:
+            return PoolStats(weight_version=self.weight_version, paused=self._paused,
+                             held=self._held, requests_done=self._done,
+                             interruptions=self._interruptions, failovers=self._failovers,
+                             engines=engines)
+
+        return self._submit(counters(), "stats").get(limit)
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until every engine has started (raises if one failed to)."""
+        self.mesh.wait_ready(timeout=self._limit(timeout))
+
+    def shutdown(self) -> None:
+        """Stop the engines; requests not finished fail with `am.MeshError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self.mesh.shutdown()
+        self._loop.call_soon_threadsafe(self._open.set)  # held requests wake up and fail
+        pending = list(self._pending)
+        done, _ = cf.wait(pending, timeout=30)
+        for future in pending:
+            if future not in done:
+                future.cancel()
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> EnginePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    async def __aenter__(self) -> EnginePool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.shutdown)
+
+    def __repr__(self) -> str:
+        return f"EnginePool({self.model!r}, {self.mesh.size} engines)"
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise am.MeshError("the engine pool is shut down")
+
+    def _limit(self, timeout: float | None) -> float:
+        if timeout is None:
+            return self._timeout_s
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout={timeout!r}: must be a finite number > 0")
+        return float(timeout)
+
+    def _submit(self, coro: Coroutine[Any, Any, R], label: str) -> PoolFuture[R]:
+        if self._closed:
+            coro.close()
+            raise am.MeshError(f"{label}: the engine pool is shut down")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        return PoolFuture(future, label)
+
+
+def _merge_options(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The user's mesh options over the engine's defaults; `runtime_env` env_vars merged."""
+    out = {**defaults, **given}
+    default_env = defaults.get("runtime_env")
+    if default_env is not None and given.get("runtime_env") is not None:
+        env = {**default_env, **given["runtime_env"]}
+        env["env_vars"] = {**default_env.get("env_vars", {}),
+                           **given["runtime_env"].get("env_vars", {})}
+        out["runtime_env"] = env
+    return out
+
+
+def _log_failure(what: str) -> Callable[[cf.Future[Any]], None]:
+    def check(future: cf.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.error("%s failed: %s", what, future.exception())
+
+    return check

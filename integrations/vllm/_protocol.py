@@ -1,0 +1,180 @@
+"""The engine protocol: what the pool sends an engine actor, and what the engine answers.
+
+An engine is an async actor class derived from `Engine`. The pool calls it only through its mesh
+(`generate` through `choose`, the rest through `all`), so any class that implements these
+methods, a real vLLM engine or the deterministic `FakeEngine`, runs under the same pool code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import ray
+
+import actormesh as am
+
+PauseMode = Literal["keep", "abort", "wait"]
+PAUSE_MODES: tuple[PauseMode, ...] = ("keep", "abort", "wait")
+
+FinishReason = Literal["stop", "length", "abort"]
+
+RESTORE_TIMEOUT_S = 600.0
+"""How long a restarted engine holds requests for the pool to restore it before serving anyway."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SubRequest:
+    """One sequence for an engine to extend: the context so far (the prompt, then any tokens
+    generated before an interruption) and the sampling settings, `max_tokens` being what is left.
+    `key` names it in the engine's logs; it is unique per pool request, sample and attempt."""
+
+    key: str
+    token_ids: list[int]
+    sampling: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """What an engine produced for one `SubRequest` before it finished or was cut (`"abort"`):
+    the new tokens, the log-probability of each, the weight version that produced each, and the
+    engine's rank."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    engine: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStats:
+    """One engine's state. `outstanding` (generate calls in flight, counted by the mesh's
+    balancer) and `alive` are filled in by the pool; `running` / `waiting` are the engine
+    scheduler's own counts where it reports them (None otherwise)."""
+
+    rank: int
+    alive: bool = True
+    outstanding: int = 0
+    sequences: int = 0
+    running: int | None = None
+    waiting: int | None = None
+    paused: PauseMode | None = None
+    weight_version: int = 0
+    generated_tokens: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSpec:
+    """The parameters an engine's model loads, by checkpoint name: shape, dtype, and the engine
+    module each loads into (`groups`). A module must be loaded whole: vLLM fuses q/k/v and
+    gate/up into one module, and loading one member alone zeroes the others."""
+
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, str]
+    groups: dict[str, str]
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any]) -> WeightSpec:
+        """From the plain dict an engine's worker sends back (lists instead of tuples)."""
+        return cls({n: tuple(int(d) for d in s) for n, s in raw["shapes"].items()},
+                   dict(raw["dtypes"]), dict(raw["groups"]))
+
+
+class Engine:
+    """Base class of engine actors (the protocol). Every method is async; the pool guarantees
+    that it sends no new `generate` while the engine is paused, but calls sent just before a
+    pause may arrive after it (an async actor runs calls out of order), so an engine handles
+    them as the pause mode says.
+
+    Subclasses take `(model: str, engine_args: dict)` in `__init__`, call `_start_gate()`
+    there, await `_restored()` before serving a `generate`, and may override `check_args`
+    (driver side, before any actor starts) and `mesh_defaults`.
+
+    A restarted engine (Ray re-ran `__init__`) must not serve with its checkpoint's weights: it
+    holds `generate` calls until the pool's `restore` has loaded the current weights (and
+    paused it, if the pool is paused), whatever order the calls arrive in.
+    """
+
+    _restore_gate: asyncio.Event
+
+    def _start_gate(self) -> None:
+        self._restore_gate = asyncio.Event()
+        with warnings.catch_warnings():  # Ray 2.60 warns about its own use of a deprecated API
+            warnings.simplefilter("ignore", DeprecationWarning)
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if not restarted:
+            self._restore_gate.set()
+
+    async def _restored(self) -> None:
+        if not self._restore_gate.is_set():
+            try:
+                await asyncio.wait_for(self._restore_gate.wait(), RESTORE_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                self._restore_gate.set()
+                raise RuntimeError(
+                    f"engine restarted but not restored by its pool within {RESTORE_TIMEOUT_S} s"
+                ) from None
+
+    @am.method
+    async def restore(self, blob: bytes | None, version: int, paused: PauseMode | None) -> None:
+        """After a restart: load the pool's current weights (if it changed any), pause as the
+        pool is paused, then serve the `generate` calls held meanwhile."""
+        if blob is not None:
+            await self.load_weights(blob, version)
+        if paused is not None:
+            await self.pause(paused)
+        self._restore_gate.set()
+
+    @classmethod
+    def check_args(cls, model: str, engine_args: Mapping[str, Any]) -> None:
+        """Refuse bad `model` / `engine_args` on the driver, naming the bad value."""
+
+    @classmethod
+    def mesh_defaults(cls) -> dict[str, Any]:
+        """`ActorMesh` options the engine needs unless the user sets them (e.g. CPUs, env)."""
+        return {}
+
+    @am.method
+    async def generate(self, requests: list[SubRequest]) -> list[Piece]:
+        """Run every sub-request (concurrently, on this engine); return one `Piece` each when all
+        have finished or been cut by `pause("abort")`. One call is one balancer slot."""
+        raise NotImplementedError
+
+    @am.method
+    async def pause(self, mode: PauseMode) -> None:
+        """Stop producing tokens; return once quiet. `"keep"`: sequences freeze in place.
+        `"abort"`: every sequence is cut (its `generate` returns what it has), and calls that
+        arrive while paused return at once with nothing. `"wait"`: the sequences held finish
+        (queued ones included), then the engine freezes. Pausing again with `"abort"` cuts
+        what a `"keep"` pause froze."""
+        raise NotImplementedError
+
+    @am.method
+    async def resume(self) -> None:
+        """Produce tokens again; frozen sequences go on where they stopped."""
+        raise NotImplementedError
+
+    @am.method
+    async def stats(self) -> EngineStats:
+        raise NotImplementedError
+
+    @am.method
+    async def weight_spec(self) -> WeightSpec:
+        raise NotImplementedError
+
+    @am.method
+    async def read_weights(self, names: list[str]) -> bytes:
+        """The checkpoint's values of `names` as safetensors bytes (to complete a partial update)."""
+        raise NotImplementedError
+
+    @am.method
+    async def load_weights(self, blob: bytes, version: int) -> int:
+        """Load the tensors of a safetensors blob (whole modules only), reset the prefix cache,
+        tag later tokens with `version`; return the number of tensors loaded."""
+        raise NotImplementedError

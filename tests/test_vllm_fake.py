@@ -1,0 +1,353 @@
+"""The engine pool on `FakeEngine`s: the resend bookkeeping (property tests, no Ray), then
+routing, pauses, weights and failover on real actors with deterministic fake engines."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import actormesh as am
+from actormesh.integrations.vllm import EnginePool, FakeEngine, Piece
+from actormesh.integrations.vllm import _weights as weights_mod
+from actormesh.integrations.vllm._requests import (
+    Sequence,
+    check_prompt,
+    check_sampling,
+    group,
+)
+from actormesh.integrations.vllm.fake import fake_checkpoint, fake_spec, reference
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+# -- the bookkeeping, without Ray ---------------------------------------------------------------
+@st.composite
+def cut_schedules(draw: st.DrawFn) -> tuple[int, list[tuple[str, int]]]:
+    """max_tokens, and a list of events: ("cut", tokens produced before the cut) or
+    ("died", tokens the dead engine had produced and lost)."""
+    max_tokens = draw(st.integers(1, 40))
+    events = draw(st.lists(st.tuples(st.sampled_from(["cut", "died"]), st.integers(0, 12)),
+                           max_size=8))
+    return max_tokens, events
+
+
+@given(cut_schedules())
+def test_resends_rebuild_the_uninterrupted_sequence(schedule: tuple[int, list[tuple[str, int]]]) -> None:
+    max_tokens, events = schedule
+    want, want_logprobs = reference(PROMPT, max_tokens)
+    seq = Sequence(list(PROMPT), check_sampling({"max_tokens": max_tokens, "min_tokens": 5}))
+    expected_interruptions = 0
+    for kind, produced in events:
+        if seq.done:
+            break
+        request = seq.request("k")
+        assert request.token_ids == PROMPT + seq.tokens
+        assert request.sampling["max_tokens"] == max_tokens - len(seq.tokens)
+        assert request.sampling["min_tokens"] == max(0, 5 - len(seq.tokens))
+        n = min(produced, request.sampling["max_tokens"])
+        tokens, logprobs = reference(request.token_ids, n)
+        if kind == "died":
+            seq.lost()
+            expected_interruptions += 1
+            continue
+        seq.add(Piece(tokens, logprobs, [0] * n, "abort", 0))
+        if n and not seq.done:
+            expected_interruptions += 1
+    while not seq.done:
+        request = seq.request("k")
+        n = request.sampling["max_tokens"]
+        tokens, logprobs = reference(request.token_ids, n)
+        seq.add(Piece(tokens, logprobs, [0] * n, "length", 1))
+    result = seq.result()
+    assert result.token_ids == want
+    assert result.logprobs == want_logprobs
+    assert len(result.token_ids) == max_tokens
+    assert result.finish_reason == "length"
+    assert result.interruptions == expected_interruptions
+
+
+def test_an_engine_returning_too_many_tokens_is_an_error() -> None:
+    seq = Sequence([1], check_sampling({"max_tokens": 2}))
+    with pytest.raises(RuntimeError, match="3 tokens for a request of 2"):
+        seq.add(Piece([1, 2, 3], [0.0] * 3, [0] * 3, "length", 0))
+
+
+def test_group_samples_get_consecutive_seeds() -> None:
+    samples = group([1, 2], check_sampling({"seed": 7}), 3)
+    assert [s.sampling["seed"] for s in samples] == [7, 8, 9]
+    assert all("seed" not in s.sampling for s in group([1], check_sampling(None), 2))
+
+
+@pytest.mark.parametrize(("sampling", "match"), [
+    ({"n": 4}, "'n' is not supported"),
+    ({"logprobs": 5}, "'logprobs' is not supported"),
+    ({"max_tokens": 0}, "max_tokens=0"),
+    ({"max_tokens": "8"}, "max_tokens='8'"),
+    ({"temperature": None}, "temperature=None"),
+    ({"stop_token_ids": [1, -2]}, "stop_token_ids"),
+])
+def test_bad_sampling_is_refused_naming_the_field(sampling: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_sampling(sampling)
+
+
+@pytest.mark.parametrize(("prompt", "error"), [
+    ("hello", TypeError), ([], ValueError), ([1, -1], ValueError), ([1, 2.0], ValueError),
+])
+def test_bad_prompts_are_refused(prompt: Any, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        check_prompt(prompt)
+
+
+def test_weight_checks_name_unknown_names_and_wrong_shapes() -> None:
+    spec = fake_spec()
+    with pytest.raises(ValueError, match=r"unknown weight name\(s\) \['lm_head.wieght'\]"):
+        weights_mod.check({"lm_head.wieght": np.zeros((1000, 8))}, spec)
+    with pytest.raises(ValueError, match=r"lm_head.weight: \(8, 8\) instead of \(1000, 8\)"):
+        weights_mod.check({"lm_head.weight": np.zeros((8, 8))}, spec)
+
+
+def test_a_fused_member_needs_its_siblings() -> None:
+    spec = fake_spec()
+    q = "layers.0.self_attn.q_proj.weight"
+    assert weights_mod.missing_members({q}, spec) == {
+        "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight"}
+    assert weights_mod.missing_members({"lm_head.weight"}, spec) == set()
+
+
+def test_packed_weights_round_trip_in_the_checkpoint_dtype() -> None:
+    spec = fake_spec()
+    blob = weights_mod.pack({"lm_head.weight": np.ones((1000, 8), np.float64)}, spec)
+    out = weights_mod.unpack(blob)
+    assert list(out) == ["lm_head.weight"]
+    assert str(out["lm_head.weight"].dtype).endswith("float32")
+
+
+# -- the pool on fake engines -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pool(ray_cluster: None) -> Iterator[EnginePool]:
+    with EnginePool("fake", 3, engine_cls=FakeEngine, num_cpus=0.25, max_restarts=1,
+                    engine_args={"step_s": 0.004, "max_num_seqs": 2}) as p:
+        p.wait_ready(timeout=120)
+        yield p
+
+
+def _check(gen: Any, prompt: list[int], max_tokens: int, weights: Any = None) -> None:
+    want, want_logprobs = reference(prompt, max_tokens, weights)
+    assert gen.token_ids == want
+    assert gen.logprobs == want_logprobs
+    assert gen.finish_reason == "length"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_generate_matches_the_engines_model(pool: EnginePool) -> None:
+    gen = pool.generate(PROMPT, {"max_tokens": 12}).get(timeout=60)
+    _check(gen, PROMPT, 12)
+    assert gen.interruptions == 0 and gen.weight_versions == [0] * 12
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_bad_requests_fail_before_anything_is_sent(pool: EnginePool) -> None:
+    with pytest.raises(ValueError, match="'n' is not supported"):
+        pool.generate(PROMPT, {"n": 2})
+    with pytest.raises(ValueError, match="n=0"):
+        pool.generate_group(PROMPT, None, n=0)
+    with pytest.raises(ValueError, match="mode='later'"):
+        pool.pause("later")  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(modes=st.lists(st.sampled_from(["keep", "abort", "wait"]), min_size=3, max_size=4),
+       lengths=st.lists(st.integers(10, 60), min_size=4, max_size=7))
+def test_pauses_never_change_what_a_caller_gets(pool: EnginePool, modes: list[str],
+                                                lengths: list[int]) -> None:
+    async def run() -> list[Any]:
+        futures = [pool.generate(PROMPT + [i], {"max_tokens": n}) for i, n in enumerate(lengths)]
+        for mode in modes:
+            await _tokens_generated(pool, 4)
+            await pool.pause(mode)  # type: ignore[arg-type]
+            await pool.resume()
+        return [await f for f in futures]
+
+    for i, (gen, n) in enumerate(zip(asyncio.run(run()), lengths)):
+        _check(gen, PROMPT + [i], n)
+
+
+async def _tokens_generated(pool: EnginePool, more: int) -> None:
+    """Wait until the engines have produced `more` tokens beyond now (a signal, no sleep)."""
+    start = sum(e.generated_tokens for e in (await asyncio.to_thread(pool.stats))["engines"])
+    for _ in range(2000):
+        stats = await asyncio.to_thread(pool.stats)
+        if sum(e.generated_tokens for e in stats["engines"]) >= start + more:
+            return
+        if not any(e.sequences for e in stats["engines"]):
+            return  # nothing left running
+    raise AssertionError("the engines produced no tokens")
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_abort_counts_only_cuts_that_had_tokens(pool: EnginePool) -> None:
+    async def run() -> list[Any]:
+        # 3 engines x max_num_seqs 2: the last requests wait in an engine's queue, unstarted.
+        futures = [pool.generate(PROMPT + [i], {"max_tokens": 200}) for i in range(9)]
+        await _tokens_generated(pool, 6)
+        await pool.pause("abort")
+        stats = await asyncio.to_thread(pool.stats)
+        assert all(e.sequences == 0 for e in stats["engines"])  # quiet: nothing held
+        await pool.resume()
+        return [await f for f in futures]
+
+    gens = asyncio.run(run())
+    for i, gen in enumerate(gens):
+        _check(gen, PROMPT + [i], 200)
+    counts = sorted(g.interruptions for g in gens)
+    assert counts[0] == 0 and counts[-1] == 1
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_paused_pool_holds_new_requests_until_resume(pool: EnginePool) -> None:
+    pool.pause("keep").get(timeout=60)
+    future = pool.generate(PROMPT, {"max_tokens": 5})
+    try:
+        with pytest.raises(TimeoutError):
+            future.get(timeout=0.5)
+        assert pool.stats()["held"] == 1
+        assert sum(e.sequences for e in pool.stats()["engines"]) == 0
+    finally:
+        pool.resume().get(timeout=60)
+    _check(future.get(timeout=60), PROMPT, 5)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_wait_finishes_requests_queued_beyond_max_num_seqs(pool: EnginePool) -> None:
+    futures = [pool.generate(PROMPT + [i], {"max_tokens": 30}) for i in range(12)]
+    pool.pause("wait").get(timeout=120)
+    try:
+        assert all(f.done() for f in futures)
+    finally:
+        pool.resume().get(timeout=60)
+    for i, f in enumerate(futures):
+        gen = f.get(timeout=5)
+        _check(gen, PROMPT + [i], 30)
+        assert gen.interruptions == 0
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_requests_go_to_the_least_loaded_engine(pool: EnginePool) -> None:
+    futures = [pool.generate(PROMPT + [i], {"max_tokens": 40}) for i in range(3)]
+    assert sorted(f.get(timeout=60).engine for f in futures) == [0, 1, 2]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_session_sticks_to_its_engine(pool: EnginePool) -> None:
+    engines = {pool.generate(PROMPT + [t], {"max_tokens": 3}, session="chat-7").get(timeout=60).engine
+               for t in range(6)}
+    assert len(engines) == 1
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_group_runs_on_one_engine(pool: EnginePool) -> None:
+    gens = pool.generate_group(PROMPT, {"max_tokens": 8}, n=5).get(timeout=60)
+    assert len(gens) == 5 and len({g.engine for g in gens}) == 1
+    for gen in gens:
+        _check(gen, PROMPT, 8)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_weights_change_the_output_and_restoring_restores_it(pool: EnginePool) -> None:
+    spec = fake_spec()
+    original = fake_checkpoint(spec)
+    rigged = dict(original, **{"lm_head.weight": np.full((1000, 8), 0.5, np.float32)})
+    version = pool.update_weights({"lm_head.weight": rigged["lm_head.weight"]}).get(timeout=60)
+    try:
+        assert version == pool.weight_version
+        gen = pool.generate(PROMPT, {"max_tokens": 6}).get(timeout=60)
+        _check(gen, PROMPT, 6, rigged)
+        assert gen.weight_versions == [version] * 6
+    finally:
+        pool.update_weights({"lm_head.weight": original["lm_head.weight"]}).get(timeout=60)
+    _check(pool.generate(PROMPT, {"max_tokens": 6}).get(timeout=60), PROMPT, 6)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_partial_update_keeps_the_other_fused_members(pool: EnginePool) -> None:
+    q = "layers.0.self_attn.q_proj.weight"
+    original = fake_checkpoint(fake_spec())
+    changed = dict(original, **{q: np.eye(8, dtype=np.float32)})
+    pool.update_weights({q: ray.put(changed[q])}).get(timeout=60)  # an ObjectRef works too
+    try:
+        _check(pool.generate(PROMPT, {"max_tokens": 6}).get(timeout=60), PROMPT, 6, changed)
+    finally:
+        pool.update_weights({q: original[q]}).get(timeout=60)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_wrong_weight_name_is_refused_and_engines_keep_serving(pool: EnginePool) -> None:
+    version = pool.weight_version
+    with pytest.raises(ValueError, match="lm_head.wieght"):
+        pool.update_weights({"lm_head.wieght": np.zeros((1000, 8), np.float32)}).get(timeout=60)
+    assert pool.weight_version == version
+    _check(pool.generate(PROMPT, {"max_tokens": 6}).get(timeout=60), PROMPT, 6)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_updating_while_generating_tags_later_tokens(pool: EnginePool) -> None:
+    original = fake_checkpoint(fake_spec())
+
+    async def run() -> Any:
+        future = pool.generate(PROMPT, {"max_tokens": 300})
+        await _tokens_generated(pool, 5)
+        version = await pool.update_weights({"lm_head.weight": original["lm_head.weight"]})
+        return version, await future
+
+    version, gen = asyncio.run(run())
+    old = gen.weight_versions[0]
+    assert gen.weight_versions[-1] == version != old
+    switch = gen.weight_versions.index(version)
+    assert 0 < switch and set(gen.weight_versions[switch:]) == {version}
+    _check(gen, PROMPT, 300)  # the same weights: the same tokens
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_killed_engine_loses_no_request_and_comes_back_restored(pool: EnginePool) -> None:
+    rigged = dict(fake_checkpoint(fake_spec()),
+                  **{"lm_head.weight": np.full((1000, 8), 0.25, np.float32)})
+    pool.update_weights({"lm_head.weight": rigged["lm_head.weight"]}).get(timeout=60)
+    futures = [pool.generate(PROMPT + [i], {"max_tokens": 150}) for i in range(6)]
+    asyncio.run(_tokens_generated(pool, 10))
+    ray.kill(pool.mesh.actors[0], no_restart=False)
+    for i, f in enumerate(futures):
+        _check(f.get(timeout=120), PROMPT + [i], 150, rigged)
+    assert pool.stats()["failovers"] >= 1
+    # The restarted engine serves the current weights, never its checkpoint's.
+    request = Sequence(PROMPT, check_sampling({"max_tokens": 4})).request("direct")
+    pieces = pool.mesh[0].methods.generate.choose([request]).get(timeout=120)
+    assert pieces[0].token_ids == reference(PROMPT, 4, rigged)[0]
+    original = fake_checkpoint(fake_spec())
+    pool.update_weights({"lm_head.weight": original["lm_head.weight"]}).get(timeout=60)
+
+
+def test_a_bad_engine_class_or_argument_is_refused() -> None:
+    with pytest.raises(TypeError, match="engine_cls"):
+        EnginePool("fake", 1, engine_cls=dict)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_engines=0"):
+        EnginePool("fake", 0, engine_cls=FakeEngine)
+    with pytest.raises(ValueError, match="unknown engine_args"):
+        EnginePool("fake", 1, engine_cls=FakeEngine, engine_args={"tick": 1})
+
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_shut_down_pool_refuses_requests() -> None:
+    pool = EnginePool("fake", 1, engine_cls=FakeEngine, num_cpus=0.25)
+    pool.shutdown()
+    with pytest.raises(am.MeshError, match="shut down"):
+        pool.generate(PROMPT)
