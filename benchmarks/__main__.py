@@ -450,6 +450,9 @@ def show_headline(results: dict[str, Any]) -> None:
             say(row[0], style="bold")
             for label, cell in zip(header[2:], row[2:]):
                 say(f"    {label}: {cell.replace('**', '')}")
+    for what, ratio, control, verdict in headline.side_rows(results):
+        say(what, style="bold")
+        say(f"    {ratio}; A/A {control}: {verdict}")
     other = headline.other_rows(results)
     if other:
         console.rule("Without Ray")

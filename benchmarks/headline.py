@@ -106,9 +106,32 @@ def ray_row(scenario: dict[str, Any], metric: str) -> dict[str, Any] | None:
 def ray_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     by_name = {s["name"]: s for s in results.get("scenarios", [])}
     rows = [ray_row(by_name[s], m) for s, m in RAY_ROWS if s in by_name]
-    rows += [r for side in results.get("side", []) for r in side.get("result", {}).get(
-        "headline", []) if isinstance(r, dict)]
     return [r for r in rows if r]
+
+
+def side_rows(results: dict[str, Any]) -> list[list[str]]:
+    """The side scenarios' headline rows (see `benchmarks.side`): what, ratio, A/A, verdict."""
+    rows = []
+    for section in results.get("side", []):
+        given = section.get("result", {}).get("headline") or []
+        for h in [given] if isinstance(given, dict) else given:
+            if not isinstance(h, dict):
+                continue
+            value = h.get("value", h.get("median", math.nan))
+            r = stats.Ratio(str(h.get("metric", "")), "", "", float(value),
+                            float(h.get("lo", h.get("min", math.nan))),
+                            float(h.get("hi", h.get("max", math.nan))))
+            c = h.get("control")
+            noise = h.get("aa_noise")
+            control = (stats.Ratio("", "", "", 1.0, float(c["lo"]), float(c["hi"]))
+                       if isinstance(c, dict) else
+                       stats.Ratio("", "", "", 1.0, 1 - float(noise), 1 + float(noise))
+                       if isinstance(noise, (int, float)) else None)
+            text = stats.interval_text(r) + (f" ({h['text']})" if h.get("text") else "")
+            rows.append([f"{section.get('title', section['name'])}: {h.get('what', '')}", text,
+                         stats.interval_text(control) if control else "no control",
+                         stats.verdict(r, control) if control else "–"])
+    return rows
 
 
 def _ratio(d: dict[str, Any] | None) -> stats.Ratio | None:
@@ -216,6 +239,10 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [provenance(results), "", EXPLAIN, ""]
     if body:
         lines += [markdown_table(header, body), ""]
+    side = side_rows(results)
+    if side:
+        lines += [markdown_table(["side scenario", "ratio [interval]", "A/A control", "verdict"],
+                                 side), ""]
     other = other_rows(results)
     if other:
         lines += [markdown_table(["without Ray", "result", "check"], other), ""]

@@ -309,6 +309,10 @@ def report_md(results: dict[str, Any]) -> str:
     header, body = headline.ray_table(headline.ray_rows(results))
     if body:
         lines += [markdown_table(header, body), ""]
+    side = headline.side_rows(results)
+    if side:
+        lines += [markdown_table(["side scenario", "ratio [interval]", "A/A control", "verdict"],
+                                 side), ""]
     other = headline.other_rows(results)
     if other:
         lines += [markdown_table(["without Ray", "result", "check"], other), ""]

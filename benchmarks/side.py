@@ -7,17 +7,18 @@ A side scenario is a module of this package with a function
 that measures something the balancing scenarios do not (the vLLM pool's routing, the trainer's
 async against sync steps, a torch world). The harness calls it after the Ray scenarios, with
 Ray already initialised on the harness's cluster (the function must not call `ray.shutdown()`),
-`quick` True under `make bench`, and `out_dir` the harness's output directory (for plots).
-It may print progress. What it returns goes to results.json as is; report.md renders these keys
-when present:
+`quick` True unless the run is `--full`, and `out_dir` the harness's output directory as a
+`pathlib.Path` (for plots). It may print progress. What it returns goes to results.json as is;
+report.md renders these keys when present:
 
 - `"summary"`: a paragraph (markdown);
 - `"tables"`: a list of `{"title": str, "header": [str, ...], "rows": [[cell, ...], ...]}`;
-- `"headline"`: rows for headline.md, each a dict with `"title"` (scenario · metric), `"values"`
-  (text), and ratio dicts in the form of `stats.Ratio.as_dict()`: `"vs_strongest"` (the default
-  against the strongest baseline, whose name goes in `"strongest"`), `"vs_random"`, `"best"` and
-  `"best_vs_strongest"` (optional), and `"control"` (the A/A pair). `stats.compare` builds all
-  of these from per-run samples (`stats.RunSample`), as the balancing scenarios do.
+- `"headline"`: one row for headline.md, or a list of them, each a dict with `"what"` (what is
+  compared with what, and on which metric), the ratio as `"value"` (> 1: the contender is
+  better), its interval as `"lo"` and `"hi"` (or a range over repeats as `"min"` and `"max"`,
+  with `"median"` for the value), the A/A control's interval as `"control": {"lo": .., "hi": ..}`
+  (or its half-width around 1 as `"aa_noise"`), and optionally `"text"` (the values compared).
+  headline.md shows it with the same verdict rule as the balancing scenarios.
 
 To add one, add a line to `SIDE`. A module that cannot be imported (its framework is not
 installed) is reported as skipped, not failed; an exception inside `run` is reported as failed
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import pathlib
 import time
 import traceback
 from typing import Any
@@ -41,9 +43,7 @@ class Side:
 
 
 SIDE: dict[str, Side] = {
-    # "pool_routing": Side("pool_routing", "vLLM pool: routing and interruptions"),
-    # "async_trainer": Side("async_trainer", "Async trainer against the synchronous loop"),
-    # "torch_world": Side("torch_world", "A torch.distributed world on a mesh"),
+    "async_trainer": Side("async_trainer", "Async trainer against the synchronous loop"),
 }
 
 
@@ -66,7 +66,7 @@ def run(name: str, quick: bool, out_dir: str) -> dict[str, Any]:
         section["skipped"] = f"cannot import {section['module']}: {error}"
         return section
     try:
-        result = module.run(quick, out_dir)
+        result = module.run(quick, pathlib.Path(out_dir))
     except Exception as error:  # a side scenario's failure is reported, not fatal
         section["error"] = f"{type(error).__name__}: {error}"
         section["traceback"] = traceback.format_exc(limit=8)

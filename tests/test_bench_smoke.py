@@ -143,6 +143,18 @@ def test_a_ratio_inside_the_aa_noise_is_no_difference() -> None:
     assert stats.verdict(r(1.3, 1.2, 1.5), None) == "better"
 
 
+def test_a_side_scenario_headline_gets_the_same_verdict_rule() -> None:
+    from benchmarks import headline
+
+    results = {"side": [{"name": "t", "title": "Trainer", "result": {"headline": {
+        "what": "samples/s, async ÷ sync", "median": 2.0, "min": 1.8, "max": 2.2,
+        "aa_noise": 0.05}}}]}
+    [(what, ratio, control, verdict)] = headline.side_rows(results)
+    assert what == "Trainer: samples/s, async ÷ sync"
+    assert ratio == "2.00× [1.80–2.20]" and control == "1.00× [0.950–1.05]"
+    assert verdict == "better"
+
+
 def test_queueing_formulas() -> None:
     assert theory.mm1(0.9) == pytest.approx(10.0)
     assert theory.pow2_limit(0.9) == pytest.approx(2.614, abs=1e-3)  # Mitzenmacher: 2.6
