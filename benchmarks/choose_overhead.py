@@ -11,7 +11,8 @@ one (`ray.get(ref)` / `future.get()`). The contenders take turns block by block,
 rotating every round, so the drift and noise of a shared 2-core machine hit all of them alike.
 Reported: calls/s of each over all its blocks; its ratio to raw, as the median and quartiles of
 the per-round ratios (robust to a round the machine stalled) and over all rounds; and driver CPU
-per call (`time.process_time`, every thread of this process).
+per call (`time.process_time`, every thread of this process), with what it adds to raw's as the
+median and quartiles of the per-round differences.
 
     python -m benchmarks.choose_overhead [--calls 1000] [--rounds 24] [--actors 4]
 """
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 import actormesh as am
 
@@ -73,14 +75,16 @@ def read(refs: list[Any], batch: bool) -> None:
             ray.get(ref)
 
 
-def measure(runs: dict[str, Callable[[bool], None]], rounds: int,
-            batch: bool) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def measure(runs: dict[str, Callable[[bool], None]], rounds: int, batch: bool,
+            progress: Callable[[str], None] = lambda s: None,
+            ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Wall and CPU seconds per block, per contender; the order rotates every round."""
     names = list(runs)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            progress(f"round {r + 1}/{rounds} · {name}")
             start_wall, start_cpu = time.perf_counter(), time.process_time()
             runs[name](batch)
             wall[name].append(time.perf_counter() - start_wall)
@@ -95,7 +99,6 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 def report(wall: dict[str, list[float]], cpu: dict[str, list[float]], calls: int) -> None:
     raw_rate = len(wall["raw"]) * calls / sum(wall["raw"])
-    raw_cpu = sum(cpu["raw"]) / (len(cpu["raw"]) * calls) * 1e6
     for name in wall:
         rate = len(wall[name]) * calls / sum(wall[name])
         cpu_us = sum(cpu[name]) / (len(cpu[name]) * calls) * 1e6
@@ -105,7 +108,12 @@ def report(wall: dict[str, list[float]], cpu: dict[str, list[float]], calls: int
             q1, q2, q3 = quartiles(per_round)
             line += (f"  ÷ raw: {q2:.3f} median of rounds (quartiles {q1:.2f}-{q3:.2f}), "
                      f"{rate / raw_rate:.3f} over all")
-        line += f"; driver CPU {cpu_us:3.0f} us/call ({(cpu_us / raw_cpu - 1) * 100:+.0f}%)"
+        line += f"; driver CPU {cpu_us:3.0f} us/call"
+        if name != "raw":
+            extra = [(c - r) / calls * 1e6 for r, c in zip(cpu["raw"], cpu[name])]
+            e1, e2, e3 = quartiles(extra)
+            line += (f", {e2:+.1f} us over raw (median of rounds, quartiles {e1:+.1f} to "
+                     f"{e3:+.1f})")
         print(line)
 
 
@@ -122,10 +130,18 @@ def main() -> None:
     mesh.wait_ready()
     runs = contenders(mesh, opts.calls)
     for batch in (True, False):
-        measure(runs, 1, batch)  # warm up
-        wall, cpu = measure(runs, opts.rounds, batch)
+        mode = "as one batch" if batch else "one by one"
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      transient=True) as bar:
+            task = bar.add_task(mode, total=(opts.rounds + 1) * len(runs))
+
+            def step(text: str, task: TaskID = task, bar: Progress = bar, mode: str = mode) -> None:
+                bar.update(task, description=f"results read {mode} · {text}", advance=1)
+
+            measure(runs, 1, batch, step)  # warm up
+            wall, cpu = measure(runs, opts.rounds, batch, step)
         print(f"{opts.calls} no-op calls per block over {opts.actors} actors, {opts.rounds} rounds, "
-              f"results read {'as one batch' if batch else 'one by one'}:")
+              f"results read {mode}:")
         report(wall, cpu, opts.calls)
     mesh.shutdown()
     ray.shutdown()

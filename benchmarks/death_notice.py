@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 import ray
+from rich.progress import Progress
 
 import actormesh as am
 
@@ -41,27 +42,33 @@ def main() -> None:
     opts = parser.parse_args()
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     results: dict[str, list[float]] = {"idle": [], "busy": [], "restart": []}
-    for _ in range(opts.trials):
-        for state in ("idle", "busy"):
-            with am.ActorMesh(Victim, shape=2, num_cpus=0.1) as mesh:
+    with Progress(transient=True) as bar:
+        task = bar.add_task("death notice", total=opts.trials * 3)
+        for trial in range(opts.trials):
+            for state in ("idle", "busy"):
+                bar.update(task, description=f"trial {trial + 1}/{opts.trials} · {state} actor")
+                with am.ActorMesh(Victim, shape=2, num_cpus=0.1) as mesh:
+                    mesh.wait_ready()
+                    if state == "busy":
+                        pending = mesh[1].methods.sleep.choose(60)
+                        until(lambda m=mesh: m.load()[1] == 1)
+                    ray.kill(mesh.actors[1])
+                    results[state].append(until(lambda m=mesh: not m.load().alive[1]))
+                    if state == "busy":
+                        try:
+                            pending.get(timeout=60)
+                        except am.ActorDiedError:
+                            pass
+                bar.advance(task)
+            bar.update(task, description=f"trial {trial + 1}/{opts.trials} · restart")
+            with am.ActorMesh(Victim, shape=2, num_cpus=0.1, max_restarts=1) as mesh:
                 mesh.wait_ready()
-                if state == "busy":
-                    pending = mesh[1].methods.sleep.choose(60)
-                    until(lambda m=mesh: m.load()[1] == 1)
-                ray.kill(mesh.actors[1])
-                results[state].append(until(lambda m=mesh: not m.load().alive[1]))
-                if state == "busy":
-                    try:
-                        pending.get(timeout=60)
-                    except am.ActorDiedError:
-                        pass
-        with am.ActorMesh(Victim, shape=2, num_cpus=0.1, max_restarts=1) as mesh:
-            mesh.wait_ready()
-            killed = time.perf_counter()
-            ray.kill(mesh.actors[1], no_restart=False)
-            until(lambda m=mesh: not m.load().alive[1])
-            until(lambda m=mesh: m.load().alive[1])
-            results["restart"].append(time.perf_counter() - killed)
+                killed = time.perf_counter()
+                ray.kill(mesh.actors[1], no_restart=False)
+                until(lambda m=mesh: not m.load().alive[1])
+                until(lambda m=mesh: m.load().alive[1])
+                results["restart"].append(time.perf_counter() - killed)
+            bar.advance(task)
     for name, values in results.items():
         ms = sorted(v * 1000 for v in values)
         print(f"{name:8s} median {statistics.median(ms):8.1f} ms   min {ms[0]:8.1f}   max {ms[-1]:8.1f}"

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from rich.progress import Progress
 
 import actormesh as am
 from actormesh.integrations.jax import JaxMesh
@@ -40,17 +41,24 @@ class Consumer:
         return int(batch.nbytes)
 
 
-def timed(fns: Sequence[Callable[[], object]], repeats: int, warmup: int = 1) -> list[list[float]]:
+def timed(fns: Sequence[Callable[[], object]], repeats: int, warmup: int = 1,
+          what: str = "") -> list[list[float]]:
     """Seconds per run of each of `fns`, run in turn (so drift in the machine hits all alike)."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, runs in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            runs.append(time.perf_counter() - start)
+    with Progress(transient=True) as bar:
+        task = bar.add_task(what, total=(warmup + repeats) * len(fns))
+        for w in range(warmup):
+            for fn in fns:
+                bar.update(task, description=f"{what}: warm-up {w + 1}/{warmup}")
+                fn()
+                bar.advance(task)
+        times: list[list[float]] = [[] for _ in fns]
+        for r in range(repeats):
+            bar.update(task, description=f"{what}: {r + 1}/{repeats}")
+            for fn, runs in zip(fns, times):
+                start = time.perf_counter()
+                fn()
+                runs.append(time.perf_counter() - start)
+                bar.advance(task)
     return times
 
 
@@ -68,7 +76,8 @@ def startup(processes: int, repeats: int) -> dict[str, dict[str, float]]:
         with am.ActorMesh(Consumer, processes, num_cpus=0.5) as mesh:
             mesh.wait_ready(timeout=300)
 
-    jax_times, plain_times = timed([jax_mesh, plain_mesh], repeats)
+    jax_times, plain_times = timed([jax_mesh, plain_mesh], repeats,
+                                   what=f"start-up, {processes} processes")
     return {"jax_mesh": summary(jax_times), "actor_mesh": summary(plain_times)}
 
 
@@ -86,7 +95,8 @@ def broadcast(processes: int, megabytes: int, repeats: int) -> dict[str, Any]:
             sizes = ray.get([a.consume.remote(batch) for a in actors], timeout=300)
             assert sizes == [batch.nbytes] * processes
 
-        once, per_actor = timed([put_once, put_per_actor], repeats)
+        once, per_actor = timed([put_once, put_per_actor], repeats,
+                                what=f"{megabytes} MB broadcast steps")
     return {
         "batch_mb": batch.nbytes / 1e6,
         "put_once": {**summary(once), "object_store_writes_mb": batch.nbytes / 1e6},
@@ -112,7 +122,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             ray.init(include_dashboard=False, log_to_driver=False)
         else:
             ray.init(address="local", num_cpus=max(8, max(counts)), include_dashboard=False,
-                     log_to_driver=False, object_store_memory=(max(counts) + 2) * args.mb * 10**6)
+                     log_to_driver=False,
+                     # Ray refuses a store under 75 MiB; room for one batch per process and two.
+                     object_store_memory=max((max(counts) + 2) * args.mb * 10**6, 100 * 2**20))
         print(f"ray.init: {time.perf_counter() - started:.1f} s")
     results: dict[str, Any] = {"mb": args.mb, "repeats": args.repeats, "steps": args.steps,
                                "runs": {}}

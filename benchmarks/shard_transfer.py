@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import ray
 from ray._private.internal_api import memory_summary
+from rich.progress import Progress
 
 import actormesh as am
 
@@ -96,25 +97,32 @@ def main() -> None:
     address = context.address_info["address"]
     batch = np.random.default_rng(0).integers(0, 255, opts.mb * 1024**2, dtype=np.uint8)
 
-    with am.ActorMesh(Sink, shape={"dp": 2, "tp": 2}, num_cpus=0.1) as mesh:
+    with am.ActorMesh(Sink, shape={"dp": 2, "tp": 2}, num_cpus=0.1) as mesh, \
+            Progress(transient=True) as bar:
+        task = bar.add_task("starting the actors", total=2 + opts.repeats)
         mesh.wait_ready()
         hold = mesh.methods.hold.options(dispatch=am.dispatch.split(dim="dp"))
 
         def shared(signal: Any) -> Any:
             return hold.shard(batch, signal).get
 
+        bar.update(task, description="object store: shared chunks")
         shared_mib = held_mib(address, shared, 4)
+        bar.advance(task)
 
         def plain(signal: Any) -> Any:
             chunks = np.array_split(batch, 2)
             refs = [a.hold.remote(chunks[rank // 2], signal) for rank, a in enumerate(mesh.actors)]
             return lambda: ray.get(refs)
 
+        bar.update(task, description="object store: plain Ray calls")
         plain_mib = held_mib(address, plain, 4)
+        bar.advance(task)
         split = mesh.methods.consume.options(dispatch=am.dispatch.split())
         split.shard(batch[:1024]).get()
         ours, by_hand = [], []
-        for _ in range(opts.repeats):
+        for r in range(opts.repeats):
+            bar.update(task, description=f"time: repeat {r + 1}/{opts.repeats}")
             start = time.perf_counter()
             assert sum(split.shard(batch).get()) == batch.nbytes
             ours.append(time.perf_counter() - start)
@@ -123,6 +131,7 @@ def main() -> None:
             refs = [a.consume.remote(c) for a, c in zip(mesh.actors, chunks)]
             assert sum(sum(r) for r in ray.get(refs)) == batch.nbytes
             by_hand.append(time.perf_counter() - start)
+            bar.advance(task)
         t_ours, t_hand = statistics.median(ours), statistics.median(by_hand)
         print(f"shard of {opts.mb} MB over 4 actors: actormesh {t_ours:.3f} s, "
               f"by hand {t_hand:.3f} s (median of {opts.repeats}; ratio by hand / actormesh "
