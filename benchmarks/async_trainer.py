@@ -10,11 +10,13 @@ and, as a reference, the rule of AReaL and SkyRL at max_staleness 2: the same ad
 each step trains the first groups to *complete* (`completion_order_run`, written here), which
 does not bound any one group's staleness. Every repeat runs each contender once on a workload
 seeded by the repeat, the order rotating, and ratios are paired within a repeat. Reported:
-samples (groups trained) per second, each ratio to `sync=True` as the median and range over
-repeats, the share of groups staler than the setting, and a histogram of the groups' staleness
-(`async_trainer_staleness.png` in --out).
+samples (groups trained) per second, each ratio to `sync=True` as the median and range of the
+per-repeat ratios and as a 95% paired bootstrap interval (`benchmarks.stats`) judged against the
+A/A control's, the share of groups staler than the setting, and a histogram of the groups'
+staleness (`async_trainer_staleness.png` in --out). `run(quick, out_dir)` is the side scenario
+`python -m benchmarks` calls (benchmarks/side.py).
 
-    python -m benchmarks.async_trainer [--quick] [--out DIR]
+    python -m benchmarks.async_trainer [--quick] [--repeats N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from actormesh.integrations.trainer import AsyncTrainer, epoch_order
+
+from . import stats
 
 CONTENDERS: dict[str, dict[str, Any]] = {
     "sync": {"sync": True},
@@ -67,7 +73,7 @@ class Workload:
         return random.Random(f"filter/{self.seed}/{uid}").random() < self.filter_rate
 
 
-QUICK = Workload(prompts=160)
+QUICK = Workload(prompts=240)
 FULL = Workload(prompts=480)
 
 
@@ -183,12 +189,14 @@ def plot(staleness: dict[str, list[int]], path: Path) -> None:
     plt.close(fig)
 
 
-def run(quick: bool, out_dir: Path, repeats: int | None = None) -> dict[str, Any]:
-    """Measure every contender `repeats` times (3 quick, 5 full); return the figures and write
-    the staleness histogram to `out_dir`."""
+def run(quick: bool, out_dir: str | Path, repeats: int | None = None) -> dict[str, Any]:
+    """Measure every contender `repeats` times (3 quick, 5 full), write the staleness histogram
+    to `out_dir`, and return the figures as a side scenario of `python -m benchmarks` does
+    (`summary`, `tables`, `headline`; see benchmarks/side.py), with the raw numbers beside."""
     work = QUICK if quick else FULL
     repeats = repeats or (3 if quick else 5)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     names = list(CONTENDERS)
     rates: dict[str, list[float]] = {name: [] for name in names}
     staleness: dict[str, list[int]] = {name: [] for name in names}
@@ -202,41 +210,85 @@ def run(quick: bool, out_dir: Path, repeats: int | None = None) -> dict[str, Any
             rates[name].append(rate)
             staleness[name].extend(stale)
             print(f"  repeat {r + 1}/{repeats} {name:22s} {rate:7.1f} samples/s", flush=True)
-    ratios = {name: summary([a / b for a, b in zip(rates[name], rates[BASELINE])])
+    plot(staleness, out / PLOT)
+
+    ranges = {name: summary([a / b for a, b in zip(rates[name], rates[BASELINE])])
               for name in names if name != BASELINE}
-    noise = max(abs(ratios[CONTROL]["min"] - 1), abs(ratios[CONTROL]["max"] - 1))
-    plot(staleness, out_dir / PLOT)
-    results = {
+    runs = {name: [stats.RunSample(np.empty(0), 0, {}, {"throughput_per_s": rate})
+                   for rate in rates[name]] for name in names}
+    comparison = stats.compare(runs, ["throughput_per_s"], contenders=names[1:],
+                               baselines=[BASELINE], control=(CONTROL, BASELINE))
+    block = comparison["throughput_per_s"]
+    control = stats.control_of(block)
+    staler = {name: {"fraction": sum(x > bound for x in staleness[name]) / len(staleness[name]),
+                     "max": float(max(staleness[name]))}
+              for name, bound in BOUND.items()}
+
+    rows = []
+    print("samples/s (median, range over repeats); ratio to sync=True: paired median (range), "
+          "95% bootstrap interval, verdict against the A/A noise:")
+    for name in names:
+        samples = summary(rates[name])
+        cells = [name, f"{samples['median']:.1f} ({samples['min']:.1f}–{samples['max']:.1f})"]
+        ratio = stats.find(block, name, BASELINE) if name != BASELINE else None
+        if ratio is None:
+            cells += ["baseline", "–"]
+        else:
+            q = ranges[name]
+            cells += [f"{q['median']:.2f}× ({q['min']:.2f}–{q['max']:.2f}); "
+                      f"{stats.interval_text(ratio)}", stats.verdict(ratio, control)]
+        over = staler.get(name)
+        cells.append(f"{over['fraction']:.1%} (max {over['max']:g})" if over else "0 (sync)")
+        rows.append(cells)
+        print("  " + " · ".join(cells))
+    print(f"staleness histogram: {out / PLOT}")
+
+    s2 = stats.find(block, "max_staleness=2", BASELINE)
+    reference = ranges["completion order, S=2"]["median"]
+    return {
+        "summary": (
+            f"{work.prompts} prompts, batches of {work.batch_size} groups, an engine pool of "
+            f"{work.slots} slots, lognormal rollouts (median {work.median_s * 1e3:g} ms, σ "
+            f"{work.sigma}), {work.filter_rate:.0%} filtered, train {work.train_s * 1e3:g} ms "
+            f"in a thread, sync {work.sync_s * 1e3:g} ms; {repeats} repeats, one workload seed "
+            f"each. AsyncTrainer at max_staleness=2 trains {ranges['max_staleness=2']['median']:.2f}× "
+            f"the samples/s of sync=True (goal 2.5×) with every group at staleness ≤ 2; the "
+            f"AReaL/SkyRL rule (first groups to complete) reaches {reference:.2f}× but trains "
+            f"{staler['completion order, S=2']['fraction']:.0%} of its groups staler than 2 "
+            f"(up to {staler['completion order, S=2']['max']:g}). Staleness histogram: `{PLOT}`."),
+        "tables": [{
+            "title": "Async trainer: samples/s against sync=True",
+            "header": ["contender", "samples/s median (range)", "÷ sync=True",
+                       "verdict", "groups staler than the setting (max)"],
+            "rows": rows,
+        }],
+        "headline": [{
+            "scenario": "async_trainer",
+            "title": "async trainer, heavy-tailed rollouts · samples/s, max_staleness=2 ÷ sync",
+            "metric": "throughput_per_s",
+            "strongest": BASELINE,
+            "best": block.get("best"),
+            "values": " · ".join(f"{n} {summary(rates[n])['median']:.1f}/s"
+                                 for n in (BASELINE, "max_staleness=2")),
+            "vs_strongest": s2.as_dict() if s2 else None,
+            "control": control.as_dict() if control else None,
+            "verdict": stats.verdict(s2, control) if s2 else "–",
+        }],
         "workload": dataclasses.asdict(work),
         "repeats": repeats,
-        "samples_per_s": {name: summary(rates[name]) for name in names},
-        "ratio_to_sync": ratios,
-        "aa_noise": noise,
+        "samples_per_s": {name: rates[name] for name in names},
+        "ratio_to_sync": ranges,
+        "comparison": comparison,
         "staleness": {name: dict(sorted(Counter(staleness[name]).items())) for name in names},
-        "staler_than_setting": {
-            name: {"fraction": sum(x > bound for x in staleness[name]) / len(staleness[name]),
-                   "max": max(staleness[name])}
-            for name, bound in BOUND.items()},
-        "plot": PLOT,
+        "staler_than_setting": staler,
+        "plots": {"staleness": PLOT},
     }
-    print("samples/s (median, range) and ratio to sync=True (median, range over repeats):")
-    for name in names:
-        s = results["samples_per_s"][name]
-        line = f"  {name:22s} {s['median']:7.1f} ({s['min']:.1f}-{s['max']:.1f})"
-        if name != BASELINE:
-            q = ratios[name]
-            line += f"  x{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})"
-        print(line)
-    for name, stale in results["staler_than_setting"].items():
-        print(f"  {name:22s} groups staler than {BOUND[name]}: {stale['fraction']:.1%} "
-              f"(max staleness {stale['max']})")
-    print(f"A/A noise floor: ±{noise:.2f}; staleness histogram: {out_dir / PLOT}")
-    return results
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="160 prompts, 3 repeats")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="240 prompts, 3 repeats (what make bench runs)")
     parser.add_argument("--repeats", type=int, help="repeats per contender")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
                         help="output directory (bench-results)")
@@ -244,7 +296,7 @@ def main() -> None:
     if opts.repeats is not None and opts.repeats < 1:
         parser.error(f"--repeats {opts.repeats}: need at least 1")
     results = run(opts.quick, opts.out, opts.repeats)
-    (opts.out / "async_trainer.json").write_text(json.dumps(results, indent=2))
+    (opts.out / "async_trainer.json").write_text(json.dumps(results, indent=1, default=str))
 
 
 if __name__ == "__main__":
