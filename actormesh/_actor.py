@@ -5,9 +5,10 @@ whose `__init__` takes the actor's identity first: it sets the environment and `
 before the user's `__init__` runs. Ray re-runs `__init__` with the same arguments on a restart, so
 a restarted actor comes back with the same rank, coordinates and environment.
 
-The subclass also has `WATCH`, a call that never returns: the driver keeps one pending per actor
-and learns of the actor's death the moment Ray fails it, even when no user call is in flight.
-It runs in a concurrency group of its own, so a synchronous actor still serves one call at a time.
+The subclass adds one method, `RUN` (`mesh.run_in_actors`), and nothing else that changes how
+Ray hosts the actor: no concurrency group (deaths are learnt from Ray's GCS, see `_failures`),
+so a synchronous actor runs its methods on the thread that ran its `__init__`, as plain Ray
+actors do.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import asyncio
 import dataclasses
 import inspect
 import os
-import threading
 from collections.abc import Callable, Hashable
 from typing import Any, cast
 
@@ -71,7 +71,6 @@ def _enter_mesh(identity: Identity) -> None:
     _current = identity.point
 
 
-WATCH = "_actormesh_watch"
 RUN = "_actormesh_run"
 """Runs `fn(instance, *args, **kwargs)` inside the actor (awaited if it returns an awaitable)."""
 
@@ -79,7 +78,6 @@ RUN = "_actormesh_run"
 async def _awaited(result: Any) -> Any:
     return await result
 
-_WATCH_GROUP = "_actormesh_watch"
 
 
 def remote_class(cls: type[Any]) -> Any:
@@ -102,29 +100,18 @@ def remote_class(cls: type[Any]) -> Any:
         inspect.iscoroutinefunction(fn) for fn in namespace.values()
     )
     if is_async:
-        async def watch_async(self: Any) -> None:
-            await asyncio.Event().wait()
-
         async def run_async(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             result = fn(self, *args, **kwargs)
             return await result if inspect.isawaitable(result) else result
 
-        namespace[WATCH] = watch_async
         namespace[RUN] = run_async
-        return ray.remote(type(cls.__name__, (cls,), namespace))
+    else:
+        def run(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            result = fn(self, *args, **kwargs)
+            return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
 
-    def watch(self: Any) -> None:
-        threading.Event().wait()
-
-    def run(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        result = fn(self, *args, **kwargs)
-        return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
-
-    namespace[RUN] = run
-
-    namespace[WATCH] = ray.method(concurrency_group=_WATCH_GROUP)(watch)
-    options: dict[str, Any] = {"concurrency_groups": {_WATCH_GROUP: 1}}
-    return ray.remote(**options)(type(cls.__name__, (cls,), namespace))
+        namespace[RUN] = run
+    return ray.remote(type(cls.__name__, (cls,), namespace))
 
 
 def method_def(cls: type[Any], name: str) -> MethodDef[Any, Any] | None:

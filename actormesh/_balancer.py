@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 import random
 from collections.abc import Hashable, Sequence
 from typing import Literal
@@ -26,6 +27,8 @@ class ActorLoad:
     in_flight: int
     mean_latency_s: float  # moving average of service time; NaN until first measured
     alive: bool = True
+    restarting: bool = False  # not alive, but coming back: calls only it can take wait for it
+    ejected: bool = False  # failed several calls in a row: passed over for a while
 
 
 class Balancer(abc.ABC):
@@ -44,6 +47,11 @@ class Policy:
     slots to "pull" so an actor never idles for a round trip between very short calls.
     Affinity escapes to the least loaded actor when the sticky actor's in-flight count exceeds
     the minimum by more than `affinity_abs` calls and by more than `affinity_rel` times.
+
+    Outlier ejection: an actor whose `eject_after`-th call in a row failed (raised, or its actor
+    died; 0 turns this off) is passed over for `eject_base_s`, doubled each time it is ejected
+    again without a success in between, up to `eject_max_s`, as long as another actor of the
+    (sub-)mesh can take the call: an actor that fails fast must not draw the traffic.
     """
 
     name: PolicyName = "pow2"
@@ -55,6 +63,9 @@ class Policy:
     affinity_abs: int = 2
     affinity_rel: float = 1.5
     affinity_capacity: int = 65536
+    eject_after: int = 5
+    eject_base_s: float = 1.0
+    eject_max_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -71,6 +82,14 @@ class Policy:
             raise ValueError(
                 f"affinity margins abs={self.affinity_abs!r} rel={self.affinity_rel!r} "
                 f"capacity={self.affinity_capacity!r}: need abs >= 0, rel >= 1, capacity >= 1"
+            )
+        if isinstance(self.eject_after, bool) or not isinstance(self.eject_after, int) \
+                or self.eject_after < 0:
+            raise ValueError(f"eject_after={self.eject_after!r}: must be an int >= 0 (0: never)")
+        if not (0 < self.eject_base_s <= self.eject_max_s < math.inf):
+            raise ValueError(
+                f"eject_base_s={self.eject_base_s!r}, eject_max_s={self.eject_max_s!r}: "
+                "need 0 < base <= max, both finite"
             )
 
     def slots(self) -> int:
@@ -91,7 +110,8 @@ def make_scheduler(
         if max_in_flight is not None and (isinstance(max_in_flight, bool) or max_in_flight < 1):
             raise ValueError(f"max_in_flight={max_in_flight!r}: must be an int >= 1")
         return _native.Scheduler(
-            num_actors, "pow2", max_in_flight=max_in_flight or 0, picker=_Picker(spec, keys)
+            num_actors, "pow2", max_in_flight=max_in_flight or 0, eject_after=Policy.eject_after,
+            picker=_Picker(spec, keys),
         )
     if isinstance(spec, str):
         spec = Policy(spec)  # validated by Policy
@@ -109,6 +129,9 @@ def make_scheduler(
         affinity_abs=spec.affinity_abs,
         affinity_rel=spec.affinity_rel,
         affinity_capacity=spec.affinity_capacity,
+        eject_after=spec.eject_after,
+        eject_base_s=spec.eject_base_s,
+        eject_max_s=spec.eject_max_s,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+
 from ._shape import Point, format_coords
 
 
@@ -47,3 +49,18 @@ class NoLiveActorsError(MeshError):
 
 class MeshTimeoutError(MeshError, TimeoutError):
     """A call set with `options(timeout=...)` did not finish in time."""
+
+
+def from_ray(point: Point, method: str, error: BaseException) -> BaseException:
+    """The error a call to the actor at `point` ended with, as actormesh raises it."""
+    from ray.exceptions import RayActorError, RayTaskError, TaskCancelledError
+
+    if isinstance(error, RayActorError):
+        text = str(error).strip()
+        return ActorDiedError(point, method, text.splitlines()[0] if text else "unreachable")
+    if isinstance(error, TaskCancelledError):
+        return concurrent.futures.CancelledError(f"{method} on rank {point.rank} was cancelled")
+    cause = error.cause if isinstance(error, RayTaskError) and error.cause else error
+    mapped = ActorError(point, method, cause)
+    mapped.__cause__ = cause
+    return mapped

@@ -1,171 +1,291 @@
 """Results of mesh calls: `MeshFuture` (one pending result) and `ValueMesh` (values on a shape).
 
-A call is made of parts, one per actor called. Each part is a `Result` that the completion
-callback of its Ray call settles, so waiting, awaiting and consuming results as they complete all
-go through the same objects, whichever thread Ray completes them on. They are deliberately small
-(a few slots; a lock only once somebody blocks) and few: a `choose` is one object (the router's
-`Call`, a `Part`, a `Result`) and its future, because every object a call leaves alive is work
-for the garbage collector while thousands of calls are in flight.
-
-A `Result` may also be settled *ready*: the call has finished and its value sits in an ObjectRef
-that is read (deserialised, a Ray error mapped to ours) only when somebody first asks for it, on
-that caller's thread. `choose` settles this way, so the completion callback Ray runs per call
-stays a few microseconds of Python and the value is deserialised once, where it is used.
+A `MeshFuture` stands over the calls a verb made (`_calls.Call`, one per actor called). A call's
+own future settles with its ObjectRef when it ends; its value is read on the thread that asks for
+it (`get()`, `await`), so Ray's completion thread never deserialises a value. `all` and `shard`
+combine their calls' values on the library's loop thread once the last call ends, or fail at the
+first error. User callbacks (`add_done_callback`) run on the library's user thread, isolated.
 """
 
 from __future__ import annotations
 
-import _thread
 import asyncio
-import itertools
-import queue
+import concurrent.futures as cf
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 import ray
+from ray.exceptions import RayError
 
+from . import _loop, _ray
+from ._calls import Call, Router, read, settle_future
 from ._shape import IndexKey, Point, Shape
 
 R = TypeVar("R")
 V = TypeVar("V")
 
-_PENDING, _VALUE, _ERROR, _READY = 0, 1, 2, 3
-_settling = threading.Lock()  # one for all results: held for a few bytecodes, never while waiting
-
-Outcome = tuple[Any, "BaseException | None"]
-"""`(value, None)` or `(None, error)`: what a call ended with."""
+_UNREAD: Any = object()
+_cache_lock = threading.Lock()  # held for a few bytecodes when a value is first read
 
 
-class Result:
-    """A value or an error that arrives once, from any thread.
+class MeshFuture(Generic[R]):
+    """A pending result of `all`, `choose` or `shard`: `.get()`, `await`, or per actor as each
+    call completes."""
 
-    Readers check `_state` without the lock, so a writer stores `_value` before `_state`.
-    """
+    __slots__ = ("_calls", "_future", "_label", "_router", "_one", "_cache",
+                 "_return_exceptions")
 
-    __slots__ = ("_state", "_value", "_callbacks", "_gate")
+    def __init__(self, calls: Sequence[Call], future: cf.Future[Any], label: str,
+                 router: Router, *, one: bool, return_exceptions: bool = False) -> None:
+        self._calls = calls
+        self._future = future  # one call's own future (its ObjectRef), or the combined value's
+        self._label = label
+        self._router = router
+        self._one = one
+        self._cache: Any = _UNREAD  # (value, error) once a single call's value has been read
+        self._return_exceptions = return_exceptions
 
-    def __init__(self) -> None:
-        self._state = _PENDING
-        self._value: Any = None  # the value, the error, or (ready) the ObjectRef holding the value
-        self._callbacks: list[Callable[[Result], object]] | None = None
-        # Taken (locked) while somebody blocks in `wait`; released once settled. Each waiter
-        # passes it on, so every waiter wakes. A bare lock: `threading.Event` costs a Condition.
-        self._gate: _thread.LockType | None = None
+    @classmethod
+    def of_call(cls, call: Call, label: str, *, return_exceptions: bool) -> MeshFuture[Any]:
+        """The future of one call (`choose`): its value is read when first asked for."""
+        return cls((call,), call.future, label, call.router, one=True,
+                   return_exceptions=return_exceptions)
 
-    def settle(self, value: Any, error: BaseException | None) -> bool:
-        """Set the outcome; False (and nothing changes) if it was already set."""
-        return self._settle(_VALUE, value) if error is None else self._settle(_ERROR, error)
+    @classmethod
+    def of_calls(cls, calls: Sequence[Call], combine: Callable[[list[Any]], Any], label: str,
+                 router: Router, *, return_exceptions: bool) -> MeshFuture[Any]:
+        """The future of several calls whose values `combine` makes one (`all`, `shard`)."""
+        return cls(calls, gather(calls, combine, return_exceptions), label, router, one=False)
 
-    def settle_ready(self, ref: ray.ObjectRef[Any]) -> bool:
-        """Settle with the value `ref` holds, read when first asked for (a Ray error raised then
-        gives the outcome `self._raised(error)`). False if the result was already set."""
-        return self._settle(_READY, ref)
+    def get(self, timeout: float | None = None) -> R:
+        """Wait for the result; raise the call's error, or `TimeoutError` after `timeout` s
+        (the call goes on)."""
+        try:
+            self._future.result(timeout)
+        except TimeoutError:
+            if not self._future.done():
+                raise TimeoutError(f"{self._label} did not finish within {timeout} s") from None
+        except Exception:
+            pass  # the call's own error: raised (or returned) by _outcome below
+        return self._outcome()
 
-    def _raised(self, error: Exception) -> Outcome:
-        """The outcome when reading a ready value raises `error`."""
-        return None, error
+    def __await__(self) -> Generator[Any, None, R]:
+        return self._wait().__await__()
 
-    def _settle(self, state: int, value: Any) -> bool:
-        with _settling:
-            if self._state != _PENDING:
-                return False
-            self._value = value
-            self._state = state
-            callbacks, self._callbacks = self._callbacks, None
-            gate = self._gate
-        if gate is not None:
-            gate.release()
-        for callback in callbacks or ():
-            callback(self)
-        return True
+    async def _wait(self) -> R:
+        if not self._future.done():
+            await _settled(self._future)
+        if self._one and self._cache is _UNREAD and self._future.exception() is None:
+            call = self._calls[0]
+            try:  # read the way Ray awaits a value: off this event loop's thread
+                value, error = await call.future.result(), None
+            except RayError as err:
+                value, error = None, call.error(err)
+            self._store(value, error)
+        return self._outcome()
 
-    def _ready(self) -> ray.ObjectRef[Any] | None:
-        with _settling:
-            return self._value if self._state == _READY else None
+    def _outcome(self) -> R:
+        """The settled result: the value, or the error raised (returned with
+        `return_exceptions`)."""
+        error = self._future.exception()
+        if error is None and self._one:
+            if self._cache is _UNREAD:
+                try:
+                    self._store(read(self._calls[0]), None)
+                except Exception as err:  # noqa: BLE001 - the call's error, mapped by read
+                    self._store(None, err)
+            value, error = self._cache
+        else:
+            value = None if error is not None else self._future.result()
+        if error is None:
+            return value  # type: ignore[no-any-return]
+        if self._return_exceptions and not isinstance(error, cf.CancelledError):
+            return error  # type: ignore[return-value]
+        raise error
 
-    def _read(self) -> None:
-        """Read a ready value (no-op otherwise). Two threads may read at once; the first wins."""
-        ref = self._ready()
-        if ref is not None:
-            try:
-                outcome: Outcome = (ray.get(ref), None)
-            except Exception as err:  # noqa: BLE001 - every Ray error the call can end with
-                outcome = self._raised(err)
-            self._resolve(outcome)
-
-    def _resolve(self, outcome: Outcome) -> None:
-        value, error = outcome
-        with _settling:
-            if self._state == _READY:
-                self._value = value if error is None else error
-                self._state = _VALUE if error is None else _ERROR
+    def _store(self, value: Any, error: BaseException | None) -> None:
+        with _cache_lock:
+            if self._cache is _UNREAD:  # the first reader's object is everybody's
+                self._cache = (value, error)
 
     def done(self) -> bool:
-        return self._state != _PENDING
+        return self._future.done()
 
-    def add_done_callback(self, callback: Callable[[Result], object]) -> None:
-        """Call `callback(self)` once settled (at once if it already is)."""
-        with _settling:
-            if self._state == _PENDING:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
-                return
-        callback(self)
+    def add_done_callback(self, callback: Callable[[MeshFuture[R]], object]) -> None:
+        """Call `callback(self)` once the result is in (soon if it is), on the library's user
+        thread, after the callbacks added before it. An exception it raises is logged."""
+        what = f"a done-callback of {self._label}"
+        self._future.add_done_callback(lambda _: _loop.run_user(what, callback, self))
 
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._state != _PENDING:
-            return True
-        with _settling:
-            if self._state != _PENDING:
-                return True
-            if self._gate is None:
-                self._gate = _thread.allocate_lock()
-                self._gate.acquire()
-            gate = self._gate
-        if not gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-            return False
-        gate.release()  # for the next waiter
-        return True
+    def cancel(self) -> None:
+        """Fail the call with `CancelledError`: queued calls are dropped; calls already sent to
+        an actor run to their end and their results are dropped."""
+        self._router.cancel(self._calls, cf.CancelledError(f"{self._label} was cancelled"))
 
-    def error(self) -> BaseException | None:
-        if self._state == _READY:
-            self._read()
-        return self._value if self._state == _ERROR else None
+    @property
+    def refs(self) -> list[ray.ObjectRef[Any]]:
+        """The ObjectRefs of the Ray calls sent so far, one per actor called."""
+        return [c.ref for c in self._calls if c.ref is not None]
 
-    def value(self) -> Any:
-        """The value, or raise the error (the result must be settled)."""
-        if self._state == _READY:
-            self._read()
-        if self._state == _ERROR:
-            raise self._value
-        return self._value
+    @property
+    def ref(self) -> ray.ObjectRef[Any]:
+        """The ObjectRef of a single-actor call (`choose`)."""
+        refs = self.refs
+        if len(refs) != 1:
+            raise ValueError(f"{self._label} has {len(refs)} ObjectRefs; use .refs")
+        return refs[0]
 
-    async def wait_async(self) -> Any:
-        """Await the value from an event loop (settled on another thread or this one)."""
-        if self._state == _PENDING:
-            loop = asyncio.get_running_loop()
-            woken: asyncio.Future[None] = loop.create_future()
+    @overload
+    def as_completed(
+        self: MeshFuture[ValueMesh[V]], timeout: float | None = None
+    ) -> Iterator[tuple[Point, V]]: ...
+    @overload
+    def as_completed(self, timeout: float | None = None) -> Iterator[tuple[Point, Any]]: ...
+    def as_completed(self, timeout: float | None = None) -> Iterator[tuple[Point, Any]]:
+        """Yield `(point, value)` per actor as each finishes; a failed call raises its error."""
+        by_future = {call.future: call for call in self._calls}
+        try:
+            for future in cf.as_completed(by_future, timeout):
+                call = by_future[future]
+                value = read(call)  # raises a failed call's error first: it may have no point
+                yield call.point, value
+        except TimeoutError as err:
+            if "unfinished" not in str(err):
+                raise
+            raise TimeoutError(
+                f"{self._label}: not every actor answered within {timeout} s"
+            ) from None
 
-            def resume() -> None:
-                if not woken.done():
-                    woken.set_result(None)
-
-            def wake(_: Result) -> None:
-                loop.call_soon_threadsafe(resume)
-
-            self.add_done_callback(wake)
-            await woken
-        ref = self._ready()
-        if ref is not None:  # read it the way Ray awaits a value, off this loop's thread
+    @overload
+    def __aiter__(self: MeshFuture[ValueMesh[V]]) -> AsyncIterator[tuple[Point, V]]: ...
+    @overload
+    def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]: ...
+    async def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]:
+        async def one(call: Call) -> tuple[Point, Any]:
+            await _settled(call.future)
+            ref = call.future.result()
             try:
-                outcome: Outcome = (await ref, None)
-            except Exception as err:  # noqa: BLE001 - every Ray error the call can end with
-                outcome = self._raised(err)
-            self._resolve(outcome)
-        return self.value()
+                value = await ref
+            except RayError as err:
+                raise call.error(err) from None
+            return call.point, value
+
+        for next_done in asyncio.as_completed([one(c) for c in self._calls]):
+            yield await next_done
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"MeshFuture({self._label}, {state})"
+
+
+async def _settled(future: cf.Future[Any]) -> None:
+    """Wait, in the running event loop, until `future` is settled. Unlike `asyncio.wrap_future`
+    this never cancels `future` when the waiting task is cancelled: other waiters may share it."""
+    if future.done():
+        return
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    future.add_done_callback(lambda _: loop.call_soon_threadsafe(wake))
+    await woken
+
+
+def gather(calls: Sequence[Call], combine: Callable[[list[Any]], Any],
+           return_exceptions: bool) -> cf.Future[Any]:
+    """A future of `combine(values)` over the calls' values in order, made on the loop thread
+    once the last call has ended; or of the first error (with `return_exceptions`, errors are
+    values). Counting happens on Ray's completion thread, in O(1) per call."""
+    out: cf.Future[Any] = cf.Future()
+    if not calls:
+        _loop.post(_combine, calls, combine, return_exceptions, out)
+        return out
+    left = [len(calls)]
+    lock = threading.Lock()
+
+    def one_done(future: cf.Future[Any], call: Call) -> None:
+        if not return_exceptions and (future.exception() is not None
+                                      or call.outcome != _ray.OK):
+            _loop.post(_fail_with, call, out)
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            _loop.post(_combine, calls, combine, return_exceptions, out)
+
+    for call in calls:
+        call.future.add_done_callback(_calling(one_done, call))
+    return out
+
+
+def _calling(
+    fn: Callable[[cf.Future[Any], Call], None], call: Call
+) -> Callable[[cf.Future[Any]], None]:
+    return lambda future: fn(future, call)
+
+
+def _fail_with(call: Call, out: cf.Future[Any]) -> None:
+    if out.done():
+        return
+    try:
+        read(call)
+    except Exception as err:  # noqa: BLE001 - the call's error is the result's
+        settle_future(out, None, err)
+        return
+    settle_future(out, None, RuntimeError(f"{call.method}: failed without an error"))
+
+
+def _combine(calls: Sequence[Call], combine: Callable[[list[Any]], Any],
+             return_exceptions: bool, out: cf.Future[Any]) -> None:
+    if out.done():
+        return
+    values: list[Any] = []
+    try:
+        for value in _read_all(calls):
+            if isinstance(value, _Raised):
+                if not return_exceptions:
+                    settle_future(out, None, value.error)
+                    return
+                value = value.error
+            values.append(value)
+        result = combine(values)
+    except Exception as err:  # noqa: BLE001 - e.g. a dispatch's collect failed: the result's
+        settle_future(out, None, err)
+        return
+    settle_future(out, result, None)
+
+
+class _Raised:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _read_all(calls: Sequence[Call]) -> list[Any]:
+    """Every call's value in order (an error as `_Raised`), the successful ones in one read."""
+    good = [c for c in calls if c.future.exception() is None and c.outcome == _ray.OK]
+    values: dict[int, Any] = {}
+    if good:
+        try:
+            for call, value in zip(good, ray.get([c.future.result() for c in good])):
+                values[id(call)] = value
+        except RayError:
+            good = []  # one of them failed after all: read them one by one below
+    out: list[Any] = []
+    for call in calls:
+        if id(call) in values:
+            out.append(values[id(call)])
+            continue
+        try:
+            out.append(read(call))
+        except Exception as err:  # noqa: BLE001 - that call's error
+            out.append(_Raised(err))
+    return out
 
 
 class ValueMesh(Generic[R]):
@@ -226,162 +346,3 @@ class ValueMesh(Generic[R]):
 
     def __repr__(self) -> str:
         return f"ValueMesh({self._shape}, {self._values!r})"
-
-
-class Part(Result):
-    """One actor's share of a call: its result, its point and, once sent, its actor and ObjectRef.
-
-    For `choose` the point is known only once the scheduler has picked the actor: `actor` is set
-    then, and the point is built from it (by `view`) only if somebody asks.
-    """
-
-    __slots__ = ("ref", "actor", "_point", "_view")
-
-    def __init__(self, point: Point | None, view: Callable[[int], Point] | None = None) -> None:
-        super().__init__()
-        self.ref: ray.ObjectRef[Any] | None = None
-        self.actor = -1
-        self._point = point
-        self._view = view
-
-    @property
-    def point(self) -> Point:
-        if self._point is None:
-            assert self._view is not None and self.actor >= 0, "the call was never sent"
-            self._point = self._view(self.actor)
-        return self._point
-
-
-class Canceller(Protocol):
-    """What can cancel the calls behind a future (the router, whose calls are the parts)."""
-
-    def cancel(self, calls: Sequence[Any], error: BaseException) -> None: ...
-
-
-class MeshFuture(Generic[R]):
-    """A pending result of `all`, `choose` or `shard`: `.get()`, `await`, or per-actor as completed."""
-
-    __slots__ = ("_parts", "_result", "_label", "_owner")
-
-    def __init__(
-        self,
-        parts: Sequence[Part],
-        combine: Callable[[list[Any]], R] | None,
-        label: str,
-        owner: Canceller | None = None,
-    ) -> None:
-        self._parts = parts
-        self._label = label
-        self._owner = owner
-        self._result: Result
-        if combine is None:  # a single part whose value is the result (choose)
-            self._result = parts[0]
-        else:
-            self._result = Result()
-            _when_all(parts, combine, self._result)
-
-    def get(self, timeout: float | None = None) -> R:
-        """Wait for the result; raise the call's error, or `TimeoutError` after `timeout` s."""
-        if not self._result.wait(timeout):
-            raise TimeoutError(f"{self._label} did not finish within {timeout} s")
-        value: R = self._result.value()
-        return value
-
-    def __await__(self) -> Generator[Any, None, R]:
-        return self._result.wait_async().__await__()
-
-    def done(self) -> bool:
-        return self._result.done()
-
-    def add_done_callback(self, callback: Callable[[MeshFuture[R]], object]) -> None:
-        """Call `callback(self)` once the result is in (at once if it is), on the thread that
-        settles it: keep it short."""
-        self._result.add_done_callback(lambda _: callback(self))
-
-    def cancel(self) -> None:
-        """Fail the call with `CancelledError`: queued calls are dropped; calls already sent to
-        an actor run to their end and their results are dropped."""
-        if self._owner is not None:
-            import concurrent.futures as cf
-
-            self._owner.cancel(self._parts, cf.CancelledError(f"{self._label} was cancelled"))
-
-    @property
-    def refs(self) -> list[ray.ObjectRef[Any]]:
-        """The ObjectRefs of the Ray calls sent so far, one per actor called."""
-        return [p.ref for p in self._parts if p.ref is not None]
-
-    @property
-    def ref(self) -> ray.ObjectRef[Any]:
-        """The ObjectRef of a single-actor call (`choose`)."""
-        refs = self.refs
-        if len(refs) != 1:
-            raise ValueError(f"{self._label} has {len(refs)} ObjectRefs; use .refs")
-        return refs[0]
-
-    @overload
-    def as_completed(
-        self: MeshFuture[ValueMesh[V]], timeout: float | None = None
-    ) -> Iterator[tuple[Point, V]]: ...
-    @overload
-    def as_completed(self, timeout: float | None = None) -> Iterator[tuple[Point, Any]]: ...
-    def as_completed(self, timeout: float | None = None) -> Iterator[tuple[Point, Any]]:
-        """Yield `(point, value)` per actor as each finishes; a failed part raises its error."""
-        finished: queue.SimpleQueue[Part] = queue.SimpleQueue()
-        for part in self._parts:
-            part.add_done_callback(_put_when_done(finished, part))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for _ in self._parts:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                part = finished.get(timeout=left)
-            except queue.Empty:
-                raise TimeoutError(f"{self._label}: not every actor answered within {timeout} s") from None
-            yield part.point, part.value()
-
-    @overload
-    def __aiter__(self: MeshFuture[ValueMesh[V]]) -> AsyncIterator[tuple[Point, V]]: ...
-    @overload
-    def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]: ...
-    async def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]:
-        async def one(part: Part) -> tuple[Point, Any]:
-            value = await part.wait_async()
-            return part.point, value
-
-        for next_done in asyncio.as_completed([one(p) for p in self._parts]):
-            yield await next_done
-
-    def __repr__(self) -> str:
-        state = "done" if self.done() else "pending"
-        return f"MeshFuture({self._label}, {state})"
-
-
-def _put_when_done(finished: queue.SimpleQueue[Part], part: Part) -> Callable[[Result], None]:
-    return lambda _: finished.put(part)
-
-
-def _when_all(parts: Sequence[Part], combine: Callable[[list[Any]], R], out: Result) -> None:
-    """Settle `out` with `combine(values)` once every part is done, or with the first error."""
-    finished = itertools.count(1)  # next() is atomic under the GIL: no lock on completion threads
-    total = len(parts)
-    if total == 0:
-        out.settle(combine([]), None)
-        return
-
-    def on_part_done(result: Result) -> None:
-        error = result.error()
-        if error is not None:
-            out.settle(None, error)
-        if next(finished) == total and not out.done():
-            try:
-                values = [p.value() for p in parts]
-            except BaseException as err:  # noqa: BLE001 - a part's error, already settled above
-                out.settle(None, err)
-                return
-            try:
-                out.settle(combine(values), None)
-            except Exception as err:  # the dispatch's collect failed
-                out.settle(None, err)
-
-    for part in parts:
-        part.add_done_callback(on_part_done)

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
+import functools
+import inspect
+import logging
+import weakref
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Concatenate, Generic, TypeVar, cast, overload
 
+import ray
 from typing_extensions import ParamSpec
 
-import ray
-
-from . import _share
+from . import _loop
 from ._actor import RUN, Identity, method_def, remote_class
 from ._balancer import ActorLoad, AffinityKeys, Balancer, BalancerSpec, make_scheduler
-from ._errors import MeshError
+from ._calls import Router
+from ._failures import ActorStates
 from ._future import MeshFuture, ValueMesh
-from ._method import CallOptions, MeshMethod
+from ._method import CallOptions, MeshMethod, Target, check_timeout
 from ._placement import Placed, Placement
-from ._router import Call, Router
+from ._ray import actor_id
 from ._shape import IndexKey, Point, Selection, Shape, ShapeLike
+
+log = logging.getLogger("actormesh")
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -46,9 +52,8 @@ class _Root:
     router: Router
     keys: AffinityKeys
     external: bool
-    placed: Placed | None
     label: str
-    shut: bool = False
+    cleanup: weakref.finalize[..., _Root] = dataclasses.field(init=False)
 
 
 class ActorMesh(Generic[T]):
@@ -75,14 +80,17 @@ class ActorMesh(Generic[T]):
         balancer: BalancerSpec = "pow2",
         max_in_flight: int | None = None,
         max_restarts: int = 0,
+        restart_timeout_s: float = 60.0,
         name: str | None = None,
         on_restart: Callable[[ActorMesh[T]], object] | None = None,
     ) -> None:
         """Validate everything, then start one actor per point of `shape`.
 
-        `on_restart(view)` runs on the driver after a restarted actor answers again, with the
-        one-actor view of it (e.g. to make it rejoin a collective group), before `choose` routes
-        to it.
+        With `max_restarts` (-1: forever) an actor that dies comes back with the same rank,
+        coordinates and environment; `choose` waits up to `restart_timeout_s` for it when no
+        other actor can take a call. `on_restart(view)` then runs, with the one-actor view of
+        it, on the library's user thread (it may call the mesh and wait, e.g. to make the actor
+        rejoin a collective group), before `choose` routes to the actor again.
         """
         if not isinstance(actor_cls, type):
             raise TypeError(f"ActorMesh needs a class, got {actor_cls!r}")
@@ -93,12 +101,24 @@ class ActorMesh(Generic[T]):
             placement.check(full.size)
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < -1:
             raise ValueError(f"max_restarts={max_restarts!r}: must be an int >= -1 (-1: forever)")
+        check_timeout("restart_timeout_s", restart_timeout_s)
+        if on_restart is not None:
+            if not callable(on_restart):
+                raise TypeError(f"on_restart={on_restart!r}: must be a callable taking the view")
+            if max_restarts == 0:
+                raise ValueError(
+                    "on_restart is given but max_restarts=0: the actors never restart; "
+                    "pass max_restarts=n (or -1 for no limit)"
+                )
+        user_kwargs = dict(kwargs or {})
+        check_init_args(actor_cls, tuple(args), user_kwargs)
         keys = AffinityKeys()
         scheduler = make_scheduler(full.size, balancer, max_in_flight, keys)
         label = name or actor_cls.__name__
 
         if not ray.is_initialized():
             ray.init()  # as Ray does on a first call, honouring RAY_ADDRESS
+        ActorStates.get().start()  # before any actor exists, so no state change is missed
         placed = Placed(placement) if placement is not None else None
         options: dict[str, Any] = {"max_restarts": max_restarts}
         for key, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus),
@@ -114,9 +134,7 @@ class ActorMesh(Generic[T]):
                 if name is not None:
                     per_actor["name"] = f"{name}.{rank}"
                 identity = Identity(rank, full.dims, full.sizes)
-                handles.append(
-                    remote_cls.options(**per_actor).remote(identity, *args, **(kwargs or {}))
-                )
+                handles.append(remote_cls.options(**per_actor).remote(identity, *args, **user_kwargs))
         except BaseException:  # Ray refused an actor: leave nothing behind
             for handle in handles:
                 ray.kill(handle, no_restart=True)
@@ -124,69 +142,73 @@ class ActorMesh(Generic[T]):
                 placed.release()
             raise
 
-        def restart_hook(actor: int) -> None:
-            if on_restart is not None:
-                on_restart(self._subview(Selection(Shape({}), (actor,))))
-
-        router = Router(handles, full, scheduler, max_restarts=max_restarts,
-                        on_restart=restart_hook)
-        for actor in range(full.size):
-            router.watch(actor)
-        self._root = _Root(actor_cls, full, router, keys, isinstance(balancer, Balancer),
-                           placed, label)
+        router = Router(handles, [Point(r, full) for r in range(full.size)], scheduler,
+                        defer_drain=isinstance(balancer, Balancer),
+                        restart_timeout_s=restart_timeout_s)
+        root = _Root(actor_cls, full, router, keys, isinstance(balancer, Balancer), label)
+        root.cleanup = weakref.finalize(root, _release, router, handles, placed, label)
+        root.cleanup.atexit = False  # at exit Ray itself kills the actors
+        if on_restart is not None:
+            # Held weakly: the router (alive while calls are) must not keep a dropped mesh alive.
+            router.failures.on_restart = functools.partial(
+                _run_restart_hook, weakref.ref(root), on_restart)
+        router.failures.watch([actor_id(h) for h in handles])
+        self._root = root
         self._init_view(full, tuple(range(full.size)))
 
     # -- views --------------------------------------------------------------------------------
     def _init_view(self, shape: Shape, actors: tuple[int, ...]) -> None:
-        self._shape = shape
-        self._actors = actors  # global actor index of each point of this view, in rank order
-        self._group = self._root.router.scheduler.add_group(list(actors))
-        local = {actor: rank for rank, actor in enumerate(actors)}
-        self._point_of: Callable[[int], Point] = lambda actor: Point(local[actor], shape)
+        root = self._root
+        self._target = Target(shape, actors, root.router, root.label, root.cls, root.keys,
+                              root.external)
         self._methods = _Methods(self)
-        self._choose_labels: dict[str, str] = {}  # by method: `choose` is the hot path
+
+    @staticmethod
+    def _view(root: _Root, shape: Shape, actors: tuple[int, ...]) -> ActorMesh[Any]:
+        view: ActorMesh[Any] = object.__new__(ActorMesh)
+        view._root = root
+        view._init_view(shape, actors)
+        return view
 
     def _subview(self, selection: Selection) -> ActorMesh[T]:
-        view: ActorMesh[T] = object.__new__(ActorMesh)
-        view._root = self._root
-        view._init_view(selection.shape, tuple(self._actors[p] for p in selection.positions))
-        return view
+        actors = tuple(self._target.actors[p] for p in selection.positions)
+        return ActorMesh._view(self._root, selection.shape, actors)
 
     def __getitem__(self, key: IndexKey) -> ActorMesh[T]:
         """`mesh[1]`, `mesh[1, :]`, `mesh[:, 0]`, `mesh[0:2]`: a view; ints drop their dim."""
-        return self._subview(self._shape.select(key))
+        return self._subview(self._target.shape.select(key))
 
     def slice(self, **dims: int | slice) -> ActorMesh[T]:
         """`mesh.slice(dp=1)`, `mesh.slice(tp=slice(0, 1))`: a view selected by dim name."""
-        return self._subview(self._shape.select_dims(**dims))
+        return self._subview(self._target.shape.select_dims(**dims))
 
     # -- description ----------------------------------------------------------------------------
     @property
     def shape(self) -> Shape:
-        return self._shape
+        return self._target.shape
 
     @property
     def dims(self) -> tuple[str, ...]:
-        return self._shape.dims
+        return self._target.shape.dims
 
     @property
     def size(self) -> int:
-        return len(self._actors)
+        return len(self._target.actors)
 
     def __len__(self) -> int:
-        return len(self._actors)
+        return len(self._target.actors)
 
     @property
     def actors(self) -> list[Any]:
         """The Ray actor handles of this view, in rank order."""
         handles = self._root.router.handles
-        return [handles[a] for a in self._actors]
+        return [handles[a] for a in self._target.actors]
 
     @property
     def points(self) -> list[Point]:
         """Each actor's point in the whole mesh (its rank and coordinates), in this view's order."""
         points = self._root.router.points
-        return [points[a] for a in self._actors]
+        return [points[a] for a in self._target.actors]
 
     @property
     def methods(self) -> T:
@@ -196,14 +218,16 @@ class ActorMesh(Generic[T]):
     def load(self) -> Loads:
         """Calls in flight per actor of this view (rank order), with latency and liveness."""
         scheduler = self._root.router.scheduler
-        in_flight, latency, alive = scheduler.in_flight(), scheduler.mean_latency_s(), scheduler.alive()
+        in_flight, latency = scheduler.in_flight(), scheduler.mean_latency_s()
+        status, ejected = scheduler.status(), scheduler.ejected()
         return Loads([
-            ActorLoad(rank, in_flight[a], latency[a], alive[a])
-            for rank, a in enumerate(self._actors)
+            ActorLoad(rank, in_flight[a], latency[a], status[a] == "alive",
+                      restarting=status[a] == "restarting", ejected=ejected[a])
+            for rank, a in enumerate(self._target.actors)
         ])
 
     def __repr__(self) -> str:
-        return f"ActorMesh({self._root.label}, {self._shape})"
+        return f"ActorMesh({self._root.label}, {self._target.shape})"
 
     @overload
     def run_in_actors(
@@ -225,11 +249,13 @@ class ActorMesh(Generic[T]):
         """
         if not callable(fn):
             raise TypeError(f"run_in_actors needs a callable, got {fn!r}")
-        return self._call_all(RUN, (fn, *args), kwargs, CallOptions())
+        method: MeshMethod[..., Any] = MeshMethod(self._target, RUN, CallOptions())
+        return method.all(fn, *args, **kwargs)
 
     # -- lifetime -------------------------------------------------------------------------------
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until every actor of this view has finished `__init__` (raises if one failed)."""
+        check_timeout("timeout", timeout)
         refs = [h.__ray_ready__.remote() for h in self.actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if len(ready) < len(refs):
@@ -237,16 +263,11 @@ class ActorMesh(Generic[T]):
         ray.get(refs)
 
     def shutdown(self) -> None:
-        """Kill every actor of the mesh (views share them) and release its placement group."""
-        root = self._root
-        if root.shut:
-            return
-        root.shut = True
-        root.router.close()
-        for handle in root.router.handles:
-            ray.kill(handle, no_restart=True)
-        if root.placed is not None:
-            root.placed.release()
+        """Kill every actor of the mesh (views share them) and release its placement group.
+        Calls still waiting for a slot fail with `am.MeshError`."""
+        detached = self._root.cleanup.detach()
+        if detached is not None:
+            _shut(*detached[2])
 
     def __enter__(self) -> ActorMesh[T]:
         return self
@@ -254,67 +275,48 @@ class ActorMesh(Generic[T]):
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    # -- the verbs (called by MeshMethod) -------------------------------------------------------
-    def _check_open(self, name: str) -> None:
-        if self._root.shut:
-            raise MeshError(f"{self._root.label}.{name}: the mesh is shut down")
 
-    def _call_all(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  options: CallOptions) -> MeshFuture[ValueMesh[Any]]:
-        self._check_open(name)
-        shape = self._shape
-        every = {position: (args, kwargs) for position in range(len(self._actors))}
-        return self._send_plan(name, "all", every, lambda values: ValueMesh(shape, values),
-                               options, return_exceptions=options.return_exceptions)
+def _run_restart_hook(root_ref: weakref.ref[_Root], hook: Callable[[ActorMesh[Any]], object],
+                      actor: int) -> None:
+    root = root_ref()
+    if root is not None:
+        hook(ActorMesh._view(root, Shape({}), (actor,)))
 
-    def _call_choose(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     options: CallOptions) -> MeshFuture[Any]:
-        self._check_open(name)
-        root = self._root
-        affinity = options.affinity
-        call = Call(name, args, kwargs, None, self._point_of, group=self._group,
-                    affinity=None if affinity is None else _affinity(root, affinity),
-                    retries=options.retries, return_exceptions=options.return_exceptions)
-        label = self._choose_labels.get(name)
-        if label is None:
-            label = self._choose_labels[name] = f"{root.label}.{name}.choose"
-        future: MeshFuture[Any] = MeshFuture((call,), None, label, root.router)
-        root.router.route(call)
-        if options.timeout is not None:
-            root.router.expire_after(options.timeout, (call,), label)
-        return future
 
-    def _call_shard(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    options: CallOptions) -> MeshFuture[Any]:
-        self._check_open(name)
-        dispatch = options.dispatch
-        if dispatch is None:
-            raise TypeError(
-                f"{self._root.cls.__name__}.{name} has no dispatch for shard: decorate it with "
-                f"@am.method(dispatch=am.dispatch.split()) or call "
-                f"mesh.methods.{name}.options(dispatch=...).shard(...)"
-            )
-        plan = dispatch.plan(self._shape, args, kwargs)  # checks positions before anything is sent
-        positions = sorted(plan.calls)
-        return self._send_plan(name, "shard", plan.calls,
-                               lambda values: plan.collect(dict(zip(positions, values))), options)
+def _release(router: Router, handles: list[Any], placed: Placed | None, label: str) -> None:
+    """A mesh was garbage-collected without `shutdown()`: shut it down on the loop thread
+    (collection happens on any thread, Ray's completion thread included)."""
+    _loop.post(_shut, router, handles, placed, label)
 
-    def _send_plan(self, name: str, verb: str, plan: _share.Plan,
-                   combine: Callable[[list[Any]], Any], options: CallOptions,
-                   return_exceptions: bool = False) -> MeshFuture[Any]:
-        """Send each position of this view its arguments (shared objects put once); one future
-        combines the results, in position order."""
-        shape, router = self._shape, self._root.router
-        positions = sorted(plan)
-        shared = _share.share_plan(plan)
-        calls = [Call(name, *shared[p], Point(p, shape), return_exceptions=return_exceptions)
-                 for p in positions]
-        for p, call in zip(positions, calls):
-            router.send(self._actors[p], call)
-        label = f"{self._root.label}.{name}.{verb}"
-        if options.timeout is not None:
-            router.expire_after(options.timeout, calls, label)
-        return MeshFuture(calls, combine, label, router)
+
+def _shut(router: Router, handles: list[Any], placed: Placed | None, label: str) -> None:
+    router.close(f"{label}: the mesh was shut down before this call was sent")
+    for handle in handles:
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception as err:  # noqa: BLE001 - Ray is gone already (interpreter exit)
+            log.debug("actormesh: killing an actor of %s failed: %s", label, err)
+    if placed is not None:
+        placed.release()
+
+
+def check_init_args(cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse constructor arguments that do not fit `cls.__init__`, before any actor starts."""
+    init = cls.__init__
+    if init is object.__init__:
+        if args or kwargs:
+            raise TypeError(f"{cls.__name__} takes no constructor arguments, got "
+                            f"args={args!r}, kwargs={kwargs!r}")
+        return
+    try:
+        signature = inspect.signature(init)
+    except (TypeError, ValueError):  # a builtin or C init: nothing to check here
+        return
+    try:
+        signature.bind(None, *args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{cls.__name__}.__init__{signature} does not take args={args!r}, "
+                        f"kwargs={kwargs!r}: {err}") from None
 
 
 class _Methods:
@@ -329,13 +331,8 @@ class _Methods:
         if cached is None:
             definition = method_def(self._mesh._root.cls, name)
             options = CallOptions(dispatch=definition.dispatch if definition else None)
-            cached = self._cache[name] = MeshMethod(self._mesh, name, options)
+            cached = self._cache[name] = MeshMethod(self._mesh._target, name, options)
         return cached
 
     def __dir__(self) -> list[str]:
         return [n for n in dir(self._mesh._root.cls) if not n.startswith("_")]
-
-
-def _affinity(root: _Root, key: Hashable | None) -> int | None:
-    return root.keys.hash(key, remember=root.external) if key is not None else None
-

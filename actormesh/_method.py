@@ -1,28 +1,34 @@
-"""`@am.method` and `MeshMethod`: how `mesh.methods.f` gets the parameters and result of `f`.
+"""`@am.method` and `MeshMethod`: the verbs, and how `mesh.methods.f` gets `f`'s types.
 
 `@am.method` turns a method into a `MethodDef` descriptor. A type checker reads
 `mesh.methods.f` as instance access on the actor class, so `MethodDef.__get__` gives it a
 `MeshMethod[P, R]` bound by `ParamSpec` to `f`'s own parameters and result. At run time the
 descriptor hands an actor its plain bound method (so `self.f(1)` inside the actor is an ordinary
 call), while `mesh.methods` builds the real `MeshMethod` over the mesh.
+
+The verbs (`all`, `choose`, `shard`) are written here, once, over a narrow `Target`: what a mesh
+or view gives them (its shape, the actor behind each position, its scheduler group, the router).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import functools
 import inspect
+import math
 import types
-from collections.abc import Callable, Coroutine, Hashable
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, TypeVar, overload
+from collections.abc import Callable, Coroutine, Hashable, Sequence
+from typing import Any, Concatenate, Generic, TypeVar, overload
 
 from typing_extensions import ParamSpec, Self
 
+from . import _share
+from ._balancer import AffinityKeys
+from ._calls import Call, Router
+from ._future import MeshFuture, ValueMesh
+from ._shape import Point, Shape
 from .dispatch import Dispatch
-
-if TYPE_CHECKING:
-    from ._future import MeshFuture, ValueMesh
-    from ._mesh import ActorMesh
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -42,8 +48,7 @@ class CallOptions:
     retries: int = 0
 
     def __post_init__(self) -> None:
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"timeout={self.timeout!r}: must be > 0 seconds")
+        check_timeout("timeout", self.timeout)
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries={self.retries!r}: must be an int >= 0")
         if self.dispatch is not None and not isinstance(self.dispatch, Dispatch):
@@ -52,15 +57,55 @@ class CallOptions:
             hash(self.affinity)  # an unhashable key fails here, not inside the router
 
 
+def check_timeout(what: str, value: float | None) -> None:
+    """A timeout is None or a finite number of seconds > 0."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what}={value!r}: must be a finite number of seconds > 0, or None")
+
+
+class Target:
+    """What the verbs need of the mesh or view they call, and nothing else."""
+
+    __slots__ = ("shape", "actors", "router", "label", "cls", "_keys", "_remember_keys",
+                 "_group", "point_of")
+
+    def __init__(self, shape: Shape, actors: tuple[int, ...], router: Router, label: str,
+                 cls: type[Any], keys: AffinityKeys, remember_keys: bool) -> None:
+        self.shape = shape
+        self.actors = actors  # the mesh's actor index at each position of this view
+        self.router = router
+        self.label = label
+        self.cls = cls
+        self._keys = keys
+        self._remember_keys = remember_keys  # a Python Balancer is shown the keys as given
+        self._group = -1
+        local = {actor: position for position, actor in enumerate(actors)}
+        self.point_of: Callable[[int], Point] = lambda actor: Point(local[actor], shape)
+
+    @property
+    def group(self) -> int:
+        """This view's group in the scheduler, registered when `choose` first needs it."""
+        if self._group < 0:
+            self._group = self.router.scheduler.add_group(list(self.actors))
+        return self._group
+
+    def affinity(self, key: Hashable | None) -> int | None:
+        return None if key is None else self._keys.hash(key, remember=self._remember_keys)
+
+
 class MeshMethod(Generic[P, R_co]):
     """One method of the mesh's actor class, bound to a mesh: the verbs `all`, `choose`, `shard`."""
 
-    __slots__ = ("_mesh", "_name", "_options")
+    __slots__ = ("_target", "_name", "_options", "_choose_label")
 
-    def __init__(self, mesh: ActorMesh[Any], name: str, options: CallOptions) -> None:
-        self._mesh = mesh
+    def __init__(self, target: Target, name: str, options: CallOptions) -> None:
+        self._target = target
         self._name = name
         self._options = options
+        self._choose_label = f"{target.label}.{name}.choose"
 
     @property
     def name(self) -> str:
@@ -68,15 +113,60 @@ class MeshMethod(Generic[P, R_co]):
 
     def all(self, *args: P.args, **kwargs: P.kwargs) -> MeshFuture[ValueMesh[R_co]]:
         """Call every actor of the mesh with the same arguments."""
-        return self._mesh._call_all(self._name, args, kwargs, self._options)
+        shape = self._target.shape
+        every = {position: (args, kwargs) for position in range(shape.size)}
+        return self._send_each("all", every, lambda values: ValueMesh(shape, values),
+                               self._options.return_exceptions)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> MeshFuture[R_co]:
         """Call one actor, picked by the mesh's balancer."""
-        return self._mesh._call_choose(self._name, args, kwargs, self._options)
+        target, options = self._target, self._options
+        router = target.router
+        if router.closed:
+            router.check_open(self._name)
+        call = Call(router, self._name, args, kwargs, view=target.point_of, group=target.group,
+                    affinity=target.affinity(options.affinity), retries=options.retries)
+        future: MeshFuture[R_co] = MeshFuture.of_call(
+            call, self._choose_label, return_exceptions=options.return_exceptions)
+        router.route(call)
+        if options.timeout is not None:
+            _expire(router, options.timeout, (call,), self._choose_label, call.future)
+        return future
 
     def shard(self, *args: P.args, **kwargs: P.kwargs) -> MeshFuture[R_co]:
         """Split the arguments across the actors with the method's dispatch; collect the results."""
-        return self._mesh._call_shard(self._name, args, kwargs, self._options)
+        dispatch = self._options.dispatch
+        if dispatch is None:
+            raise TypeError(
+                f"{self._target.cls.__name__}.{self._name} has no dispatch for shard: decorate it "
+                f"with @am.method(dispatch=am.dispatch.split()) or call "
+                f"mesh.methods.{self._name}.options(dispatch=...).shard(...)"
+            )
+        self._target.router.check_open(self._name)
+        plan = dispatch.plan(self._target.shape, args, kwargs)  # checked before anything is sent
+        positions = sorted(plan.calls)
+        return self._send_each("shard", plan.calls,
+                               lambda values: plan.collect(dict(zip(positions, values))), False)
+
+    def _send_each(self, verb: str, plan: _share.Plan, combine: Callable[[list[Any]], Any],
+                   return_exceptions: bool) -> MeshFuture[Any]:
+        """Send each position of the plan its arguments (shared objects put once); one future
+        combines the results in position order."""
+        target = self._target
+        router = target.router
+        router.check_open(self._name)
+        shared = _share.share_plan(plan)
+        positions = sorted(plan)
+        calls = [Call(router, self._name, *shared[p], point=Point(p, target.shape))
+                 for p in positions]
+        label = f"{target.label}.{self._name}.{verb}"
+        future: MeshFuture[Any] = MeshFuture.of_calls(
+            calls, combine, label, router, return_exceptions=return_exceptions)
+        for position, call in zip(positions, calls):
+            router.send(target.actors[position], call)
+        if self._options.timeout is not None:
+            _expire(router, self._options.timeout, calls, label, future._future)
+        return future
 
     def options(
         self,
@@ -96,7 +186,7 @@ class MeshMethod(Generic[P, R_co]):
             "retries": retries,
         }
         changes = {k: v for k, v in given.items() if v is not _UNSET}
-        return type(self)(self._mesh, self._name, dataclasses.replace(self._options, **changes))
+        return type(self)(self._target, self._name, dataclasses.replace(self._options, **changes))
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co:
         """Direct calls are for the actor itself; from outside, pick a verb."""
@@ -107,6 +197,14 @@ class MeshMethod(Generic[P, R_co]):
 
     def __repr__(self) -> str:
         return f"MeshMethod({self._name})"
+
+
+def _expire(router: Router, timeout_s: float, calls: Sequence[Call], label: str,
+            result: cf.Future[Any]) -> None:
+    """Fail the calls still running after `timeout_s`; the timer goes once `result` settles,
+    so it keeps nothing alive past the call."""
+    timer = router.expire_after(timeout_s, calls, label)
+    result.add_done_callback(lambda _: timer.cancel())
 
 
 class AsyncMeshMethod(MeshMethod[P, R_co]):

@@ -9,6 +9,7 @@
 #include <nanobind/stl/vector.h>
 #pragma GCC diagnostic pop
 
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -25,8 +26,46 @@ using actormesh::Drain;
 using actormesh::Picker;
 using actormesh::Scheduler;
 using actormesh::SchedulerConfig;
+using actormesh::Status;
 
 namespace {
+
+// A decision as Python sees it: the core's, with the payload the caller queued the call with.
+struct PyDecision {
+  uint64_t ticket;
+  int32_t actor;
+  nb::object payload;
+};
+
+// Payloads cross into the core as the address of a Python object the core owns one reference
+// to, from submit() until the call leaves its queue; 0 means none.
+uint64_t to_core(nb::handle payload) {
+  return payload.is_none() ? 0 : reinterpret_cast<uint64_t>(payload.ptr());
+}
+
+// Takes back the reference the core owned. The GIL must be held.
+nb::object from_core(uint64_t payload) {
+  return payload == 0 ? nb::none() : nb::steal(reinterpret_cast<PyObject*>(payload));
+}
+
+std::vector<PyDecision> from_core(std::vector<Decision>&& decisions) {
+  std::vector<PyDecision> out;
+  out.reserve(decisions.size());
+  for (const Decision& d : decisions) out.push_back({d.ticket, d.actor, from_core(d.payload)});
+  return out;
+}
+
+const char* status_name(Status status) {
+  switch (status) {
+    case Status::alive:
+      return "alive";
+    case Status::restarting:
+      return "restarting";
+    case Status::dead:
+      return "dead";
+  }
+  return "unknown";
+}
 
 // actormesh._native.PickerError; the module holds the reference.
 PyObject* picker_error_type = nullptr;
@@ -100,10 +139,19 @@ Picker wrap_picker(PickerRef picker) {
   };
 }
 
-// The Python-facing scheduler: the core plus the picker reference for the garbage collector.
+// The Python-facing scheduler: the core plus the picker reference, and the owner of the queued
+// calls' payloads, which the garbage collector must see (a payload that refers back to the
+// scheduler forms a cycle).
 struct PyScheduler : Scheduler {
   PyScheduler(SchedulerConfig config, PickerRef picker_ref)
       : Scheduler(std::move(config)), picker(std::move(picker_ref)) {}
+  ~PyScheduler() { drop_queued(); }
+  PyScheduler(const PyScheduler&) = delete;
+  PyScheduler& operator=(const PyScheduler&) = delete;
+
+  // Releases the payloads of every queued call. The GIL must be held.
+  void drop_queued() { from_core(take_queued()); }
+
   PickerRef picker;  // null without a picker
 };
 
@@ -112,12 +160,19 @@ int scheduler_traverse(PyObject* self, visitproc visit, void* arg) {
   if (!nb::inst_ready(self)) return 0;  // __init__ has not finished
   const PyScheduler* scheduler = nb::inst_ptr<PyScheduler>(self);
   if (scheduler->picker) Py_VISIT(scheduler->picker->ptr());
-  return 0;
+  int result = 0;
+  // Busy (another thread inside it): its payloads are reachable from that thread anyway, and
+  // the collector must not wait. They are visited at a later collection.
+  scheduler->try_visit_payloads([&](uint64_t payload) {
+    if (result == 0 && payload != 0) result = visit(reinterpret_cast<PyObject*>(payload), arg);
+  });
+  return result;
 }
 
 int scheduler_clear(PyObject* self) {
   PyScheduler* scheduler = nb::inst_ptr<PyScheduler>(self);
   if (scheduler->picker) scheduler->picker->reset();
+  scheduler->drop_queued();
   return 0;
 }
 
@@ -138,19 +193,21 @@ nb::object python_exception(const std::exception_ptr& error) {
   }
 }
 
-// Hands a drain's dispatches to Python. When the picker failed on queued calls, nothing is lost:
-// PickerError carries `dispatched` (calls to run, as if returned) and `failed` (tickets removed
-// from their queue, to fail), with the picker's exception as __cause__.
-std::vector<Decision> finish(Drain&& drain) {
-  if (drain.failed.empty()) return std::move(drain.dispatched);
+// Hands a drain's dispatches to Python, with their payloads. When the picker failed on queued
+// calls, nothing is lost: PickerError carries `dispatched` (calls to run, as if returned) and
+// `failed` (calls removed from their queue, to fail), with the picker's exception as __cause__.
+std::vector<PyDecision> finish(Drain&& drain) {
+  std::vector<PyDecision> dispatched = from_core(std::move(drain.dispatched));
+  if (drain.failed.empty()) return dispatched;
+  std::vector<PyDecision> failed = from_core(std::move(drain.failed));
   nb::object cause = python_exception(drain.error);
   const std::string message =
       "picker failed on " + std::to_string(drain.failed.size()) + " queued call(s) (" +
       std::string(nb::str(cause.type().attr("__name__")).c_str()) + ": " +
       std::string(nb::str(cause).c_str()) + "); see .failed and .dispatched";
   nb::object error = nb::handle(picker_error_type)(message);
-  error.attr("dispatched") = nb::cast(std::move(drain.dispatched));
-  error.attr("failed") = nb::cast(std::move(drain.failed));
+  error.attr("dispatched") = nb::cast(std::move(dispatched));
+  error.attr("failed") = nb::cast(std::move(failed));
   PyException_SetCause(error.ptr(), cause.release().ptr());
   PyErr_SetObject(picker_error_type, error.ptr());
   throw nb::python_error();
@@ -173,16 +230,19 @@ NB_MODULE(_native, m) {
       PyExc_RuntimeError, nullptr);
   m.attr("PickerError") = nb::steal(picker_error_type);
 
-  nb::class_<Decision>(m, "Decision", "Where one call goes: `actor` -1 means it was queued.")
+  nb::class_<PyDecision>(m, "Decision",
+                         "Where one call goes: `actor` -1 means it was queued (from submit) or "
+                         "can never run. `payload` is what the call was queued with.")
       .def(
           "__init__",
-          [](Decision* self, uint64_t ticket, int32_t actor) {
-            new (self) Decision{ticket, actor};
+          [](PyDecision* self, uint64_t ticket, int32_t actor, nb::object payload) {
+            new (self) PyDecision{ticket, actor, std::move(payload)};
           },
-          "ticket"_a, "actor"_a)
-      .def_ro("ticket", &Decision::ticket)
-      .def_ro("actor", &Decision::actor)
-      .def("__repr__", [](const Decision& d) {
+          "ticket"_a, "actor"_a, "payload"_a = nb::none())
+      .def_ro("ticket", &PyDecision::ticket)
+      .def_ro("actor", &PyDecision::actor)
+      .def_ro("payload", &PyDecision::payload)
+      .def("__repr__", [](const PyDecision& d) {
         return "Decision(ticket=" + std::to_string(d.ticket) +
                ", actor=" + std::to_string(d.actor) + ")";
       });
@@ -193,8 +253,8 @@ NB_MODULE(_native, m) {
           "__init__",
           [](PyScheduler* self, int64_t num_actors, std::string policy, int64_t max_in_flight,
              uint64_t seed, double ewma_alpha, double prior_s, int64_t affinity_abs,
-             double affinity_rel, int64_t affinity_capacity,
-             std::optional<nb::callable> picker) {
+             double affinity_rel, int64_t affinity_capacity, int64_t eject_after,
+             double eject_base_s, double eject_max_s, std::optional<nb::callable> picker) {
             SchedulerConfig config;
             config.num_actors = num_actors;
             config.policy = std::move(policy);
@@ -205,6 +265,9 @@ NB_MODULE(_native, m) {
             config.affinity_abs = affinity_abs;
             config.affinity_rel = affinity_rel;
             config.affinity_capacity = affinity_capacity;
+            config.eject_after = eject_after;
+            config.eject_base_s = eject_base_s;
+            config.eject_max_s = eject_max_s;
             PickerRef picker_ref;
             if (picker) {
               picker_ref = std::make_shared<nb::object>(std::move(*picker));
@@ -214,7 +277,8 @@ NB_MODULE(_native, m) {
           },
           "num_actors"_a, "policy"_a = "pow2", nb::kw_only(), "max_in_flight"_a = 0,
           "seed"_a = 0, "ewma_alpha"_a = 0.2, "prior_s"_a = 0.0, "affinity_abs"_a = 2,
-          "affinity_rel"_a = 1.5, "affinity_capacity"_a = 65536, "picker"_a = nb::none())
+          "affinity_rel"_a = 1.5, "affinity_capacity"_a = 65536, "eject_after"_a = 0,
+          "eject_base_s"_a = 1.0, "eject_max_s"_a = 30.0, "picker"_a = nb::none())
       .def(
           "add_group",
           [](PyScheduler& s, const std::vector<int64_t>& members) {
@@ -229,19 +293,41 @@ NB_MODULE(_native, m) {
           "group"_a)
       .def(
           "submit",
-          [](PyScheduler& s, int64_t group, nb::handle affinity) {
+          [](PyScheduler& s, int64_t group, nb::handle affinity, nb::object payload,
+             std::optional<double> now_s) {
             const std::optional<uint64_t> key = affinity_key(affinity);
-            return with_gil_rule(s, [&] { return s.submit(group, key); });
+            const double now = now_s.value_or(std::numeric_limits<double>::quiet_NaN());
+            const Decision d = with_gil_rule(s, [&] {
+              return s.submit(group, key, to_core(payload), now);
+            });
+            // Queued: the core keeps the payload, and with it one reference.
+            if (d.actor < 0 && !payload.is_none()) payload.release();
+            return PyDecision{d.ticket, d.actor, nb::none()};
           },
-          "group"_a, "affinity"_a = nb::none(),
-          nb::sig("def submit(self, group: int, affinity: int | None = None) -> Decision"))
+          "group"_a, "affinity"_a = nb::none(), "payload"_a = nb::none(),
+          "now_s"_a = nb::none(),
+          nb::sig("def submit(self, group: int, affinity: int | None = None, "
+                  "payload: object = None, now_s: float | None = None) -> Decision"))
       .def(
           "complete",
-          [](PyScheduler& s, int64_t actor, double started_s, double ended_s, bool ok) {
-            return finish(
-                with_gil_rule(s, [&] { return s.complete(actor, started_s, ended_s, ok); }));
+          [](PyScheduler& s, int64_t actor, double started_s, double ended_s, bool ok,
+             bool drain) {
+            return finish(with_gil_rule(
+                s, [&] { return s.complete(actor, started_s, ended_s, ok, drain); }));
           },
-          "actor"_a, "started_s"_a, "ended_s"_a, "ok"_a)
+          "actor"_a, "started_s"_a, "ended_s"_a, "ok"_a, "drain"_a = true)
+      .def(
+          "drain",
+          [](PyScheduler& s, int64_t actor) {
+            return finish(with_gil_rule(s, [&] { return s.drain(actor); }));
+          },
+          "actor"_a)
+      .def(
+          "release",
+          [](PyScheduler& s, int64_t actor, bool drain) {
+            return finish(with_gil_rule(s, [&] { return s.release(actor, drain); }));
+          },
+          "actor"_a, "drain"_a = true)
       .def(
           "acquire",
           [](PyScheduler& s, int64_t actor) { with_gil_rule(s, [&] { s.acquire(actor); }); },
@@ -249,26 +335,41 @@ NB_MODULE(_native, m) {
       .def(
           "cancel",
           [](PyScheduler& s, uint64_t ticket) {
-            return with_gil_rule(s, [&] { return s.cancel(ticket); });
+            const std::optional<uint64_t> payload =
+                with_gil_rule(s, [&] { return s.cancel(ticket); });
+            if (payload) from_core(*payload);  // released here
+            return payload.has_value();
           },
           "ticket"_a)
       .def(
           "mark_dead",
-          [](PyScheduler& s, int64_t actor) {
-            return with_gil_rule(s, [&] { return s.mark_dead(actor); });
+          [](PyScheduler& s, int64_t actor, bool restarting) {
+            return from_core(with_gil_rule(s, [&] { return s.mark_dead(actor, restarting); }));
           },
-          "actor"_a)
+          "actor"_a, "restarting"_a = false)
       .def(
           "mark_alive",
           [](PyScheduler& s, int64_t actor) {
             return finish(with_gil_rule(s, [&] { return s.mark_alive(actor); }));
           },
           "actor"_a)
+      .def("take_queued",
+           [](PyScheduler& s) { return from_core(with_gil_rule(s, [&] { return s.take_queued(); })); })
       .def("in_flight",
            [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.in_flight(); }); })
       .def("mean_latency_s",
            [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.mean_latency_s(); }); })
       .def("alive", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.alive(); }); })
+      .def("status",
+           [](PyScheduler& s) {
+             const std::vector<Status> status = with_gil_rule(s, [&] { return s.status(); });
+             std::vector<std::string> out;
+             out.reserve(status.size());
+             for (const Status st : status) out.emplace_back(status_name(st));
+             return out;
+           })
+      .def("ejected",
+           [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.ejected(); }); })
       .def("queued", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.queued(); }); })
       .def_prop_ro("num_actors", [](const PyScheduler& s) { return s.num_actors(); })
       .def_prop_ro("policy", [](const PyScheduler& s) { return s.policy(); })

@@ -12,18 +12,23 @@
 
 namespace actormesh {
 
-// A call that found no eligible member and waits for a slot.
+// A call that found no eligible member and waits for a slot. `payload` is the caller's, opaque to
+// the core (the binding stores a Python object there), and handed back with the call.
 struct QueuedCall {
   uint64_t ticket;
   std::optional<uint64_t> affinity;
+  uint64_t payload;
 };
 
 struct Group {
   std::vector<uint32_t> members;  // actor ranks, ascending
-  uint32_t alive = 0;             // members alive
+  uint32_t live = 0;              // members alive or restarting
   uint32_t eligible = 0;          // members alive with a free slot
-  LoadHistogram eligible_loads;   // in_flight of the eligible members
-  std::list<QueuedCall> queue;    // FIFO; non-empty only while `eligible` is 0
+  uint32_t preferred = 0;         // eligible members not ejected: what the policy picks among
+  LoadHistogram preferred_loads;  // in_flight of the preferred members
+  // FIFO. Non-empty only while `eligible` is 0, or for an instant between a completion and the
+  // drain it defers (a Python picker must not run on the thread that completes calls).
+  std::list<QueuedCall> queue;
   std::unique_ptr<Policy> policy;
 };
 

@@ -8,12 +8,25 @@
 
 namespace actormesh {
 
+// An actor's liveness. A restarting actor takes no call but still counts as live: calls that only
+// it can serve wait in the queue for it instead of failing.
+enum class Status : uint8_t { alive, restarting, dead };
+
 struct ActorLoad {
   uint32_t in_flight = 0;  // calls dispatched or acquired and not yet completed
-  bool alive = true;
+  Status status = Status::alive;
   bool measured = false;   // ewma_s holds at least one sample
   double ewma_s = 0.0;     // moving average of service time, seconds
   double last_end_s = -std::numeric_limits<double>::infinity();  // latest completion seen
+  // Outlier ejection: an actor that failed `eject_after` calls in a row is passed over until
+  // `ejected_until`, as long as another eligible member can take the call.
+  uint32_t failures_in_a_row = 0;
+  uint32_t ejections = 0;  // in a row, without a success in between: the back-off exponent
+  bool ejected = false;
+  double ejected_until = 0.0;
+
+  bool alive() const { return status == Status::alive; }
+  bool live() const { return status != Status::dead; }
 };
 
 // The load table of one scheduler, shared by all of its groups.
@@ -27,13 +40,35 @@ class LoadTable {
   uint32_t max_in_flight() const { return max_in_flight_; }
   const ActorLoad& operator[](uint32_t actor) const { return actors_[actor]; }
 
-  // Alive with a free slot (max_in_flight 0 means unbounded).
+  // Alive with a free slot (max_in_flight 0 means unbounded): it may take a call now.
   bool eligible(uint32_t actor) const {
     const ActorLoad& a = actors_[actor];
-    return a.alive && (max_in_flight_ == 0 || a.in_flight < max_in_flight_);
+    return a.alive() && (max_in_flight_ == 0 || a.in_flight < max_in_flight_);
   }
 
-  void set_alive(uint32_t actor, bool alive) { actors_[actor].alive = alive; }
+  // Eligible and not ejected: what the policies choose among while there is any.
+  bool preferred(uint32_t actor) const { return eligible(actor) && !actors_[actor].ejected; }
+
+  // Back to a fresh state of liveness: a restarted actor is a new process.
+  void set_status(uint32_t actor, Status status) {
+    ActorLoad& a = actors_[actor];
+    a.status = status;
+    if (status == Status::alive) {
+      a.failures_in_a_row = 0;
+      a.ejections = 0;
+      a.ejected = false;
+    }
+  }
+
+  void count_ejection(uint32_t actor) {
+    ++actors_[actor].ejections;
+    actors_[actor].failures_in_a_row = 0;
+  }
+
+  void set_ejected(uint32_t actor, bool ejected, double until_s) {
+    actors_[actor].ejected = ejected;
+    actors_[actor].ejected_until = until_s;
+  }
   void increment(uint32_t actor) { ++actors_[actor].in_flight; }
   void decrement(uint32_t actor) { --actors_[actor].in_flight; }
 
@@ -41,10 +76,18 @@ class LoadTable {
   // of its start and the actor's previous completion: when the actor was backlogged the call waited
   // behind others, and only the completion-to-completion interval is work. Samples that come out
   // negative (completions reported out of order) carry no information and are dropped.
+  // A call that failed is no sample: an actor that fails fast must not look fast. It counts
+  // towards ejection instead (see `failures_in_a_row`).
   void record(uint32_t actor, double started_s, double ended_s, bool ok) {
     ActorLoad& a = actors_[actor];
     const double sample = ended_s - std::max(started_s, a.last_end_s);
     a.last_end_s = std::max(a.last_end_s, ended_s);
+    if (ok) {
+      a.failures_in_a_row = 0;
+      if (!a.ejected) a.ejections = 0;
+    } else {
+      ++a.failures_in_a_row;
+    }
     if (!ok || sample < 0.0) return;
     if (!a.measured) {
       // The first sample moves the prior like any other: one lucky (or unlucky) call must not

@@ -16,13 +16,16 @@ namespace actormesh {
 
 enum class PolicyKind { random, round_robin, pow2, least_loaded, pull, sed, external };
 
-// What a policy may look at when it picks. Only called when at least one member is eligible.
+// What a policy may look at when it picks. Only called when at least one member is preferred
+// (eligible and not ejected), except for the external policy, which is also asked to pick among
+// the eligible members when every one of them is ejected (`fallback`).
 struct PickContext {
   const LoadTable& loads;
   const std::vector<uint32_t>& members;  // the group's actors, ascending rank
-  uint32_t eligible;                     // how many members are eligible, >= 1
+  uint32_t eligible;                     // how many members are candidates, >= 1
   SplitMix64& rng;
   std::optional<uint64_t> affinity;
+  bool fallback = false;                 // candidates: eligible members, ejected ones included
 };
 
 // A policy keeps whatever index it needs over one group's members (positions into `members`)
@@ -31,8 +34,9 @@ class Policy {
  public:
   virtual ~Policy() = default;
 
-  // Member `pos` (actor `actor`) changed its in_flight, EWMA or liveness; also called once per
-  // member when the group is created, with was_eligible false.
+  // Member `pos` (actor `actor`) changed its in_flight, EWMA, liveness or ejection; also called
+  // once per member when the group is created, with was_eligible false. "Eligible" here means
+  // preferred: alive, with a free slot, and not ejected.
   virtual void update(const LoadTable& loads, uint32_t pos, uint32_t actor, bool was_eligible,
                       bool eligible) = 0;
 

@@ -9,7 +9,8 @@
 
 namespace actormesh {
 
-// The picker sees every eligible member, so a pick is O(N) by nature; no index is kept.
+// The picker sees every preferred member (every eligible one when all are ejected), so a pick
+// is O(N) by nature; no index is kept.
 class ExternalPolicy final : public Policy {
  public:
   explicit ExternalPolicy(const Picker* picker) : picker_(picker) {}
@@ -25,7 +26,7 @@ class ExternalPolicy final : public Policy {
     latency_.clear();
     for (uint32_t pos = 0; pos < ctx.members.size(); ++pos) {
       const uint32_t actor = ctx.members[pos];
-      if (!ctx.loads.eligible(actor)) continue;
+      if (ctx.fallback ? !ctx.loads.eligible(actor) : !ctx.loads.preferred(actor)) continue;
       const ActorLoad& load = ctx.loads[actor];
       positions_.push_back(pos);
       ranks_.push_back(actor);

@@ -54,6 +54,16 @@ SchedulerConfig validated(SchedulerConfig c) {
     throw std::invalid_argument("affinity_rel " + format_double(c.affinity_rel) +
                                 ": must be finite and >= 0");
   }
+  if (c.eject_after < 0 || c.eject_after > std::numeric_limits<uint32_t>::max()) {
+    throw std::invalid_argument("eject_after " + std::to_string(c.eject_after) +
+                                ": must be >= 0 (0 = never eject)");
+  }
+  if (!(c.eject_base_s > 0.0 && std::isfinite(c.eject_base_s)) ||
+      !(c.eject_max_s >= c.eject_base_s && std::isfinite(c.eject_max_s))) {
+    throw std::invalid_argument("eject_base_s " + format_double(c.eject_base_s) +
+                                ", eject_max_s " + format_double(c.eject_max_s) +
+                                ": need 0 < base <= max, both finite");
+  }
   if (c.affinity_capacity < 0) {
     throw std::invalid_argument("affinity_capacity " + std::to_string(c.affinity_capacity) +
                                 ": must be >= 0");
@@ -119,13 +129,14 @@ uint32_t Scheduler::add_group(const std::vector<int64_t>& members) {
   group.policy = make_policy(settings_, size);
   for (uint32_t pos = 0; pos < size; ++pos) {
     const uint32_t actor = sorted[pos];
-    const bool eligible = loads_.eligible(actor);
-    if (loads_[actor].alive) ++group.alive;
-    if (eligible) {
-      ++group.eligible;
-      group.eligible_loads.add(loads_[actor].in_flight);
+    const Standing now = standing(actor);
+    group.live += now.live;
+    group.eligible += now.eligible;
+    if (now.preferred) {
+      ++group.preferred;
+      group.preferred_loads.add(now.in_flight);
     }
-    group.policy->update(loads_, pos, actor, false, eligible);
+    group.policy->update(loads_, pos, actor, false, now.preferred);
     memberships_[actor].push_back({id, pos});
   }
   group.members = sorted;
@@ -139,40 +150,60 @@ std::vector<uint32_t> Scheduler::group_members(int64_t group) const {
   return groups_[check_group(group)].members;
 }
 
-void Scheduler::changed(uint32_t actor, uint32_t old_in_flight, bool was_eligible,
-                        bool was_alive) {
+Scheduler::Standing Scheduler::standing(uint32_t actor) const {
   const ActorLoad& load = loads_[actor];
-  const bool eligible = loads_.eligible(actor);
+  return {load.in_flight, load.live(), loads_.eligible(actor), loads_.preferred(actor)};
+}
+
+void Scheduler::changed(uint32_t actor, const Standing& before) {
+  const Standing now = standing(actor);
   for (const Membership& m : memberships_[actor]) {
     Group& g = groups_[m.group];
     // Add before remove: the histogram then finds a new minimum in one step.
-    if (eligible) g.eligible_loads.add(load.in_flight);
-    if (was_eligible) g.eligible_loads.remove(old_in_flight);
-    if (eligible && !was_eligible) ++g.eligible;
-    if (was_eligible && !eligible) --g.eligible;
-    if (load.alive && !was_alive) ++g.alive;
-    if (was_alive && !load.alive) --g.alive;
-    g.policy->update(loads_, m.pos, actor, was_eligible, eligible);
+    if (now.preferred) g.preferred_loads.add(now.in_flight);
+    if (before.preferred) g.preferred_loads.remove(before.in_flight);
+    g.live += static_cast<uint32_t>(now.live) - static_cast<uint32_t>(before.live);
+    g.eligible += static_cast<uint32_t>(now.eligible) - static_cast<uint32_t>(before.eligible);
+    g.preferred += static_cast<uint32_t>(now.preferred) - static_cast<uint32_t>(before.preferred);
+    g.policy->update(loads_, m.pos, actor, before.preferred, now.preferred);
   }
 }
 
 void Scheduler::dispatch(uint32_t actor) {
-  const uint32_t old = loads_[actor].in_flight;
-  const bool was_eligible = loads_.eligible(actor);
+  const Standing before = standing(actor);
   loads_.increment(actor);
-  changed(actor, old, was_eligible, loads_[actor].alive);
+  changed(actor, before);
 }
 
 // An affinity key stays on its last actor while that actor is an eligible member whose load is
-// not above the group's least loaded eligible member by more than affinity_abs calls AND by more
-// than a factor affinity_rel (both, as SGLang's cache-aware router does).
+// not above the group's least loaded preferred member by more than affinity_abs calls AND by more
+// than a factor affinity_rel (both, as SGLang's cache-aware router does). An ejected actor keeps
+// its keys only while every eligible member is ejected.
 bool Scheduler::sticks(uint32_t group, uint32_t actor) const {
   if (!loads_.eligible(actor) || !is_member(group, actor)) return false;
+  const Group& g = groups_[group];
+  if (g.preferred == 0) return true;
+  if (loads_[actor].ejected) return false;
   const uint32_t load = loads_[actor].in_flight;
-  const uint32_t least = groups_[group].eligible_loads.min();
+  const uint32_t least = g.preferred_loads.min();
   const bool overloaded = load - least > static_cast<uint64_t>(config_.affinity_abs) &&
                           load > config_.affinity_rel * least;
   return !overloaded;
+}
+
+// The eligible member with the fewest calls in flight, lowest rank on ties: the choice when every
+// eligible member is ejected. A scan, but only while a whole group keeps failing.
+uint32_t Scheduler::least_loaded_eligible(const Group& group) const {
+  uint32_t best = 0;
+  uint32_t best_load = std::numeric_limits<uint32_t>::max();
+  for (uint32_t pos = 0; pos < group.members.size(); ++pos) {
+    const uint32_t actor = group.members[pos];
+    if (loads_.eligible(actor) && loads_[actor].in_flight < best_load) {
+      best = pos;
+      best_load = loads_[actor].in_flight;
+    }
+  }
+  return best;
 }
 
 // The group must have an eligible member. May throw only from an external picker, before any
@@ -186,35 +217,45 @@ uint32_t Scheduler::choose(uint32_t group, std::optional<uint64_t> affinity) {
     }
   }
   Group& g = groups_[group];
-  const uint32_t pos = g.policy->pick(PickContext{loads_, g.members, g.eligible, rng_, affinity});
+  uint32_t pos;
+  if (g.preferred > 0) {
+    pos = g.policy->pick(PickContext{loads_, g.members, g.preferred, rng_, affinity});
+  } else if (settings_.kind == PolicyKind::external) {
+    pos = g.policy->pick(PickContext{loads_, g.members, g.eligible, rng_, affinity, true});
+  } else {
+    pos = least_loaded_eligible(g);
+  }
   const uint32_t actor = g.members[pos];
   if (affinity) affinity_.assign(*affinity, actor);
   return actor;
 }
 
-Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity) {
+Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload,
+                           double now_s) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t id = check_group(group);
   Group& g = groups_[id];
-  if (g.alive == 0) {
+  if (g.live == 0) {
     throw NoLiveActors("no live actor among the " + std::to_string(g.members.size()) +
                        " actors of group " + std::to_string(id));
   }
-  if (g.eligible == 0) {
+  end_ejections(now_s);
+  // A call never overtakes the calls already waiting (their drain may be pending).
+  if (g.eligible == 0 || !g.queue.empty()) {
     const uint64_t ticket = next_ticket_++;
-    g.queue.push_back({ticket, affinity});
+    g.queue.push_back({ticket, affinity, payload});
     queued_.emplace(ticket, QueuePlace{id, std::prev(g.queue.end())});
-    return {ticket, -1};
+    return {ticket, -1, payload};
   }
   const uint32_t actor = choose(id, affinity);
   dispatch(actor);
-  return {next_ticket_++, static_cast<int32_t>(actor)};
+  return {next_ticket_++, static_cast<int32_t>(actor), 0};
 }
 
 // Hands queued calls to free slots until no group with a queue has an eligible member. Only the
 // groups of `actor` can have gained one: every other group with a queue had no eligible member
 // before this event and still has none. Among those groups the oldest ticket goes first.
-Drain Scheduler::drain(uint32_t actor) {
+Drain Scheduler::drain_locked(uint32_t actor) {
   Drain out;
   while (!queued_.empty()) {
     uint32_t best = 0;
@@ -238,16 +279,59 @@ Drain Scheduler::drain(uint32_t actor) {
       // Keeping the call queued would strand it (and the calls behind it) while slots are free:
       // nothing polls, and no later event may come. So it leaves the queue as failed.
       if (!out.error) out.error = std::current_exception();
-      out.failed.push_back(call.ticket);
+      out.failed.push_back({call.ticket, -1, call.payload});
       continue;
     }
     dispatch(chosen);
-    out.dispatched.push_back({call.ticket, static_cast<int32_t>(chosen)});
+    out.dispatched.push_back({call.ticket, static_cast<int32_t>(chosen), call.payload});
   }
   return out;
 }
 
-Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool ok) {
+Drain Scheduler::drain(int64_t actor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return drain_locked(check_actor(actor));
+}
+
+// Ejects `actor` once it has failed eject_after calls in a row (the back-off doubles with each
+// ejection that no success interrupted).
+void Scheduler::eject_if_due(uint32_t actor, double now_s) {
+  const ActorLoad& load = loads_[actor];
+  if (config_.eject_after == 0 || load.ejected || !load.alive() ||
+      load.failures_in_a_row < static_cast<uint64_t>(config_.eject_after)) {
+    return;
+  }
+  const double backoff = std::ldexp(config_.eject_base_s, static_cast<int>(std::min(load.ejections, 30u)));
+  const double until = now_s + std::min(backoff, config_.eject_max_s);
+  const Standing before = standing(actor);
+  loads_.set_ejected(actor, true, until);
+  loads_.count_ejection(actor);
+  changed(actor, before);
+  ejected_.push_back(actor);
+  next_readmission_s_ = std::min(next_readmission_s_, until);
+}
+
+// Re-admits the ejected actors whose time is up (`now_s` NaN: nothing is due).
+void Scheduler::end_ejections(double now_s) {
+  if (!(now_s >= next_readmission_s_)) return;
+  next_readmission_s_ = std::numeric_limits<double>::infinity();
+  std::vector<uint32_t> still;
+  for (const uint32_t actor : ejected_) {
+    const ActorLoad& load = loads_[actor];
+    if (!load.ejected) continue;  // re-admitted by a restart
+    if (load.ejected_until <= now_s) {
+      const Standing before = standing(actor);
+      loads_.set_ejected(actor, false, 0.0);
+      changed(actor, before);
+    } else {
+      still.push_back(actor);
+      next_readmission_s_ = std::min(next_readmission_s_, load.ejected_until);
+    }
+  }
+  ejected_ = std::move(still);
+}
+
+Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t a = check_actor(actor);
   if (!std::isfinite(started_s) || !std::isfinite(ended_s)) {
@@ -255,16 +339,30 @@ Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool 
                                 format_double(started_s) + ", ended_s " + format_double(ended_s) +
                                 ": times must be finite");
   }
-  const uint32_t old = loads_[a].in_flight;
-  if (old == 0) {
+  if (loads_[a].in_flight == 0) {
     throw std::logic_error("complete(actor=" + std::to_string(a) +
                            "): no call in flight on actor " + std::to_string(a));
   }
-  const bool was_eligible = loads_.eligible(a);
+  const Standing before = standing(a);
   loads_.decrement(a);
   loads_.record(a, started_s, ended_s, ok);
-  changed(a, old, was_eligible, loads_[a].alive);
-  return drain(a);
+  changed(a, before);
+  eject_if_due(a, ended_s);
+  end_ejections(ended_s);
+  return drain ? drain_locked(a) : Drain{};
+}
+
+Drain Scheduler::release(int64_t actor, bool drain) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint32_t a = check_actor(actor);
+  if (loads_[a].in_flight == 0) {
+    throw std::logic_error("release(actor=" + std::to_string(a) + "): no slot taken on actor " +
+                           std::to_string(a));
+  }
+  const Standing before = standing(a);
+  loads_.decrement(a);
+  changed(a, before);
+  return drain ? drain_locked(a) : Drain{};
 }
 
 void Scheduler::acquire(int64_t actor) {
@@ -272,43 +370,62 @@ void Scheduler::acquire(int64_t actor) {
   dispatch(check_actor(actor));
 }
 
-bool Scheduler::cancel(uint64_t ticket) {
+std::optional<uint64_t> Scheduler::cancel(uint64_t ticket) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = queued_.find(ticket);
-  if (it == queued_.end()) return false;
+  if (it == queued_.end()) return std::nullopt;
+  const uint64_t payload = it->second.call->payload;
   groups_[it->second.group].queue.erase(it->second.call);
   queued_.erase(it);
-  return true;
+  return payload;
 }
 
-std::vector<uint64_t> Scheduler::mark_dead(int64_t actor) {
+std::vector<Decision> Scheduler::mark_dead(int64_t actor, bool restarting) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t a = check_actor(actor);
-  if (!loads_[a].alive) return {};
-  const bool was_eligible = loads_.eligible(a);
-  loads_.set_alive(a, false);
-  changed(a, loads_[a].in_flight, was_eligible, true);
-  std::vector<uint64_t> orphaned;
+  const Status status = loads_[a].status;
+  if (status == Status::dead || (restarting && status == Status::restarting)) return {};
+  const Standing before = standing(a);
+  loads_.set_status(a, restarting ? Status::restarting : Status::dead);
+  changed(a, before);
+  std::vector<Decision> orphaned;
+  if (restarting) return orphaned;
   for (const Membership& m : memberships_[a]) {
     Group& g = groups_[m.group];
-    if (g.alive > 0) continue;
+    if (g.live > 0) continue;
     for (const QueuedCall& call : g.queue) {
-      orphaned.push_back(call.ticket);
+      orphaned.push_back({call.ticket, -1, call.payload});
       queued_.erase(call.ticket);
     }
     g.queue.clear();
   }
-  std::sort(orphaned.begin(), orphaned.end());
+  std::sort(orphaned.begin(), orphaned.end(),
+            [](const Decision& x, const Decision& y) { return x.ticket < y.ticket; });
   return orphaned;
 }
 
 Drain Scheduler::mark_alive(int64_t actor) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t a = check_actor(actor);
-  if (loads_[a].alive) return {};
-  loads_.set_alive(a, true);
-  changed(a, loads_[a].in_flight, false, false);
-  return drain(a);
+  if (loads_[a].alive()) return {};
+  const Standing before = standing(a);
+  loads_.set_status(a, Status::alive);
+  loads_.set_ejected(a, false, 0.0);
+  changed(a, before);
+  return drain_locked(a);
+}
+
+std::vector<Decision> Scheduler::take_queued() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Decision> out;
+  for (Group& g : groups_) {
+    for (const QueuedCall& call : g.queue) out.push_back({call.ticket, -1, call.payload});
+    g.queue.clear();
+  }
+  queued_.clear();
+  std::sort(out.begin(), out.end(),
+            [](const Decision& x, const Decision& y) { return x.ticket < y.ticket; });
+  return out;
 }
 
 std::vector<uint32_t> Scheduler::in_flight() const {
@@ -330,7 +447,21 @@ std::vector<double> Scheduler::mean_latency_s() const {
 std::vector<bool> Scheduler::alive() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<bool> out(loads_.size());
-  for (uint32_t a = 0; a < loads_.size(); ++a) out[a] = loads_[a].alive;
+  for (uint32_t a = 0; a < loads_.size(); ++a) out[a] = loads_[a].alive();
+  return out;
+}
+
+std::vector<Status> Scheduler::status() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Status> out(loads_.size());
+  for (uint32_t a = 0; a < loads_.size(); ++a) out[a] = loads_[a].status;
+  return out;
+}
+
+std::vector<bool> Scheduler::ejected() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<bool> out(loads_.size());
+  for (uint32_t a = 0; a < loads_.size(); ++a) out[a] = loads_[a].ejected;
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -30,20 +31,27 @@ struct SchedulerConfig {
   int64_t affinity_abs = 2;
   double affinity_rel = 1.5;
   int64_t affinity_capacity = 65536;
+  // Outlier ejection: after `eject_after` failed calls in a row (0: never) an actor is passed
+  // over for eject_base_s, doubled at each ejection without a success in between, at most
+  // eject_max_s.
+  int64_t eject_after = 0;
+  double eject_base_s = 1.0;
+  double eject_max_s = 30.0;
   Picker picker;  // when set, the policy is `external`
 };
 
 struct Decision {
   uint64_t ticket;
-  int32_t actor;  // -1: queued
+  int32_t actor;     // -1: queued (from submit) or never to run (from mark_dead, take_queued)
+  uint64_t payload;  // what the caller gave submit; 0 for a call dispatched at once
 };
 
-// What complete() and mark_alive() hand back.
+// What complete(), drain() and mark_alive() hand back.
 struct Drain {
   std::vector<Decision> dispatched;  // queued calls now running, already counted in flight
   // Queued calls whose pick threw (only an external picker can). They are out of their queue and
   // must be failed by the caller with `error`, the first exception thrown.
-  std::vector<uint64_t> failed;
+  std::vector<Decision> failed;
   std::exception_ptr error;
 };
 
@@ -61,16 +69,42 @@ class Scheduler {
   uint32_t add_group(const std::vector<int64_t>& members);
   std::vector<uint32_t> group_members(int64_t group) const;
 
-  Decision submit(int64_t group, std::optional<uint64_t> affinity);
-  Drain complete(int64_t actor, double started_s, double ended_s, bool ok);
+  // Picks an actor for a call, or queues the call with its payload. `now_s` (the clock of
+  // complete's times; NaN: unknown) ends the ejections that are due.
+  Decision submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload = 0,
+                  double now_s = std::numeric_limits<double>::quiet_NaN());
+  // Ends a call. With `drain` false the queued calls its slot could take are left for drain().
+  Drain complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain = true);
+  Drain drain(int64_t actor);
+  // Gives back a slot that no call used (a queued call given a slot after it was cancelled).
+  Drain release(int64_t actor, bool drain = true);
   void acquire(int64_t actor);
-  bool cancel(uint64_t ticket);
-  std::vector<uint64_t> mark_dead(int64_t actor);
+  // Takes a queued call out of its queue: its payload, or nothing if it is not queued.
+  std::optional<uint64_t> cancel(uint64_t ticket);
+  // `restarting`: the actor takes no call but stays live, so calls only it can serve wait for it.
+  // Returns the queued calls that can never run: their group has no live member left.
+  std::vector<Decision> mark_dead(int64_t actor, bool restarting = false);
   Drain mark_alive(int64_t actor);
+  // Takes every queued call out of its queue (the mesh shuts down).
+  std::vector<Decision> take_queued();
+
+  // Calls `visit(payload)` for every queued call. Returns false, visiting nothing, when another
+  // thread holds the scheduler (a garbage collector must not wait for it).
+  template <typename Visit>
+  bool try_visit_payloads(Visit&& visit) const {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    for (const Group& g : groups_) {
+      for (const QueuedCall& call : g.queue) visit(call.payload);
+    }
+    return true;
+  }
 
   std::vector<uint32_t> in_flight() const;
   std::vector<double> mean_latency_s() const;
   std::vector<bool> alive() const;
+  std::vector<Status> status() const;
+  std::vector<bool> ejected() const;
   uint64_t queued() const;
 
   uint32_t num_actors() const { return loads_.size(); }
@@ -89,13 +123,23 @@ class Scheduler {
   uint32_t check_group(int64_t group) const;
   bool is_member(uint32_t group, uint32_t actor) const;
 
-  // Propagates a change of `actor`'s load or liveness to every group it belongs to; the
-  // arguments describe the actor before the change.
-  void changed(uint32_t actor, uint32_t old_in_flight, bool was_eligible, bool was_alive);
+  // What the groups of an actor know of it; taken before a change and compared after it.
+  struct Standing {
+    uint32_t in_flight;
+    bool live;
+    bool eligible;
+    bool preferred;
+  };
+  Standing standing(uint32_t actor) const;
+  // Propagates a change of `actor`'s load, liveness or ejection to every group it belongs to.
+  void changed(uint32_t actor, const Standing& before);
   void dispatch(uint32_t actor);
   uint32_t choose(uint32_t group, std::optional<uint64_t> affinity);
+  uint32_t least_loaded_eligible(const Group& group) const;
   bool sticks(uint32_t group, uint32_t actor) const;
-  Drain drain(uint32_t actor);
+  Drain drain_locked(uint32_t actor);
+  void eject_if_due(uint32_t actor, double now_s);
+  void end_ejections(double now_s);
 
   mutable std::mutex mutex_;
   const SchedulerConfig config_;  // validated; first, since the members below are built from it
@@ -108,6 +152,8 @@ class Scheduler {
   std::vector<std::vector<Membership>> memberships_;     // per actor
   std::unordered_map<uint64_t, QueuePlace> queued_;      // ticket -> its place in a queue
   uint64_t next_ticket_ = 1;
+  std::vector<uint32_t> ejected_;  // actors ejected, some perhaps re-admitted since
+  double next_readmission_s_ = std::numeric_limits<double>::infinity();
 };
 
 }  // namespace actormesh

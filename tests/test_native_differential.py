@@ -57,13 +57,15 @@ def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
     except Exception as err:  # compared, not swallowed
         if type(err).__name__ == "PickerError":
             cause = type(err.__cause__).__name__
-            return ("PickerError", cause, plain(err.dispatched), list(err.failed))
+            return ("PickerError", cause, plain(err.dispatched), plain(list(err.failed)))
         return ("raised", type(err).__name__)
 
 
 def plain(value: Any) -> Any:
+    """Decisions as (ticket, actor), and a call that went to no actor as its bare ticket (the
+    reference hands calls that can never run back as tickets, the native core as decisions)."""
     if isinstance(value, (_native.Decision, reference.Decision)):
-        return (value.ticket, value.actor)
+        return value.ticket if value.actor < 0 else (value.ticket, value.actor)
     if isinstance(value, list):
         return [plain(v) for v in value]
     return value

@@ -76,9 +76,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         except _native.PickerError as err:
             assert isinstance(err.__cause__, LookupError)
             self.dispatched(err.dispatched)
-            for ticket in err.failed:
-                assert ticket in self.queued
-                self.settle(ticket, "failed")
+            for decision in err.failed:
+                assert decision.ticket in self.queued
+                self.settle(decision.ticket, "failed")
         else:
             self.dispatched(decisions)
 
@@ -143,9 +143,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def mark_dead(self, data: st.DataObject) -> None:
         actor = data.draw(st.integers(0, self.num_actors - 1))
         self.alive[actor] = False
-        for ticket in self.scheduler.mark_dead(actor):
-            assert ticket in self.queued
-            self.settle(ticket, "orphaned")
+        for decision in self.scheduler.mark_dead(actor):
+            assert decision.ticket in self.queued
+            self.settle(decision.ticket, "orphaned")
 
     @rule(data=st.data())
     def mark_alive(self, data: st.DataObject) -> None:

@@ -412,7 +412,7 @@ def test_mark_dead_returns_tickets_that_can_never_run() -> None:
     dispatch(s, 0)
     stranded = s.submit(only_zero).ticket
     still_runnable = s.submit(0).ticket
-    assert s.mark_dead(0) == [stranded]
+    assert [(d.ticket, d.actor) for d in s.mark_dead(0)] == [(stranded, -1)]
     assert s.mark_dead(0) == []
     assert s.queued() == 1
     assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, True)] == [(still_runnable, 1)]
@@ -579,7 +579,7 @@ def test_picker_error_carries_dispatched_and_failed_calls() -> None:
         s.complete(0, 1.0, 2.0, True)
     error = caught.value
     assert isinstance(error.__cause__, ZeroDivisionError)
-    assert error.failed == [bad]
+    assert [d.ticket for d in error.failed] == [bad]
     assert [(d.ticket, d.actor) for d in error.dispatched] == [(good_last, 0)]
     assert s.queued() == 0
     assert s.in_flight() == [2]
@@ -663,3 +663,258 @@ def test_threads_submitting_and_completing_end_with_zero_counts(policy: str) -> 
 
 def test_measure_decision_ns_reports_a_positive_cost() -> None:
     assert _native.measure_decision_ns("pow2", 16, 1000, 0) > 0
+
+
+# Payloads: the core hands a queued call back with what it was queued with
+
+
+class Payload:
+    """A stand-in for the router's call object."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_a_queued_call_comes_back_with_its_payload_when_a_slot_frees() -> None:
+    s = Scheduler(1, "pull")
+    dispatch(s)
+    waiting = Payload("waiting")
+    assert s.submit(0, payload=waiting).actor == -1
+    [decision] = s.complete(0, 0.0, 1.0, True)
+    assert (decision.payload, decision.actor) == (waiting, 0)
+
+
+def test_a_call_dispatched_at_once_leaves_no_reference_to_its_payload() -> None:
+    s = Scheduler(1)
+    payload = Payload("now")
+    ref = weakref.ref(payload)
+    assert s.submit(0, payload=payload).actor == 0
+    del payload
+    gc.collect()
+    assert ref() is None
+
+
+def test_cancel_releases_the_payload_of_the_call_it_takes_out() -> None:
+    s = Scheduler(1, "pull")
+    dispatch(s)
+    payload = Payload("cancelled")
+    ref = weakref.ref(payload)
+    ticket = s.submit(0, payload=payload).ticket
+    del payload
+    assert ref() is not None  # the queue holds it
+    assert s.cancel(ticket) is True
+    assert ref() is None
+    assert s.cancel(ticket) is False
+
+
+def test_calls_that_can_never_run_come_back_with_their_payloads() -> None:
+    s = Scheduler(2, "pull")
+    only_zero = s.add_group([0])
+    dispatch(s, only_zero)
+    stranded = Payload("stranded")
+    s.submit(only_zero, payload=stranded)
+    assert [d.payload for d in s.mark_dead(0)] == [stranded]
+
+
+def test_take_queued_empties_every_queue_in_ticket_order() -> None:
+    s = Scheduler(2, "pull")
+    dispatch(s)
+    dispatch(s)
+    first, second = Payload("first"), Payload("second")
+    s.submit(s.add_group([1]), payload=first)
+    s.submit(0, payload=second)
+    assert [d.payload for d in s.take_queued()] == [first, second]
+    assert s.queued() == 0
+    assert s.complete(0, 0.0, 1.0, True) == []
+
+
+def test_a_cycle_through_a_queued_payload_is_collected() -> None:
+    s = Scheduler(1, "pull")
+    dispatch(s)
+    payload = Payload("cycle")
+    payload.scheduler = s  # type: ignore[attr-defined]
+    s.submit(0, payload=payload)
+    ref = weakref.ref(payload)
+    del payload, s
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_failed_pick_hands_back_the_payload_of_the_call_it_failed() -> None:
+    fail = False
+
+    def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None) -> int:
+        if fail:
+            raise LookupError("no pick")
+        return 0
+
+    s = Scheduler(1, picker=picker, max_in_flight=1)
+    dispatch(s)
+    waiting = Payload("waiting")
+    s.submit(0, payload=waiting)
+    fail = True
+    with pytest.raises(_native.PickerError) as caught:
+        s.complete(0, 0.0, 1.0, True)
+    assert [d.payload for d in caught.value.failed] == [waiting]
+
+
+# Deferred drains (a Python picker must not run on the thread that completes calls)
+
+
+def test_complete_without_drain_leaves_the_queue_to_drain() -> None:
+    s = Scheduler(1, "pull")
+    dispatch(s)
+    waiting = Payload("waiting")
+    s.submit(0, payload=waiting)
+    assert s.complete(0, 0.0, 1.0, True, drain=False) == []
+    assert s.queued() == 1
+    assert [d.payload for d in s.drain(0)] == [waiting]
+
+
+def test_a_new_call_does_not_overtake_calls_whose_drain_is_pending() -> None:
+    s = Scheduler(1, "pull")
+    dispatch(s)
+    s.submit(0, payload=Payload("older"))
+    s.complete(0, 0.0, 1.0, True, drain=False)
+    newer = s.submit(0, payload=Payload("newer"))
+    assert newer.actor == -1
+    assert [d.payload.name for d in s.drain(0)] == ["older"]
+
+
+# Restarting: not eligible, but live
+
+
+def test_a_restarting_actor_takes_no_call_but_calls_wait_for_it() -> None:
+    s = Scheduler(1)
+    assert s.mark_dead(0, restarting=True) == []
+    assert s.status() == ["restarting"]
+    waiting = s.submit(0, payload=Payload("waiting"))  # no NoLiveActors: it will come back
+    assert waiting.actor == -1
+    assert [(d.ticket, d.actor) for d in s.mark_alive(0)] == [(waiting.ticket, 0)]
+    assert s.status() == ["alive"]
+
+
+def test_a_restarting_actor_that_dies_for_good_fails_the_calls_waiting_for_it() -> None:
+    s = Scheduler(2)
+    only_one = s.add_group([1])
+    s.mark_dead(1, restarting=True)
+    s.submit(only_one, payload=Payload("waiting"))
+    assert [d.payload.name for d in s.mark_dead(1)] == ["waiting"]
+    assert s.status() == ["alive", "dead"]
+    with pytest.raises(_native.NoLiveActors):
+        s.submit(only_one)
+
+
+def test_restarting_twice_is_one_restart() -> None:
+    s = Scheduler(2)
+    s.mark_dead(0, restarting=True)
+    s.mark_dead(0, restarting=True)
+    assert [dispatch(s) for _ in range(3)] == [1, 1, 1]
+
+
+# Outlier ejection
+
+
+def fail_calls(s: Scheduler, actor: int, count: int, at: float = 1.0) -> None:
+    for _ in range(count):
+        s.acquire(actor)
+        s.complete(actor, at, at, False)
+
+
+def test_an_actor_that_fails_calls_in_a_row_is_passed_over() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=3, eject_base_s=10.0)
+    fail_calls(s, 0, 2)
+    assert s.ejected() == [False, False]
+    fail_calls(s, 0, 1)
+    assert s.ejected() == [True, False]
+    assert [dispatch(s) for _ in range(4)] == [1, 1, 1, 1]
+
+
+def test_a_success_resets_the_count_of_failures_in_a_row() -> None:
+    s = Scheduler(1, eject_after=2)
+    fail_calls(s, 0, 1)
+    s.acquire(0)
+    s.complete(0, 1.0, 1.0, True)
+    fail_calls(s, 0, 1)
+    assert s.ejected() == [False]
+
+
+def test_an_ejected_actor_still_serves_when_it_is_the_only_eligible_one() -> None:
+    s = Scheduler(2, "pow2", eject_after=1, eject_base_s=10.0)
+    fail_calls(s, 0, 1)
+    fail_calls(s, 1, 1)
+    assert s.ejected() == [True, True]
+    assert sorted(dispatch(s) for _ in range(2)) == [0, 1]  # the least loaded of the ejected
+    only_zero = s.add_group([0])
+    assert dispatch(s, only_zero) == 0
+
+
+def test_ejection_ends_after_its_time_and_doubles_when_it_recurs() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=1, eject_base_s=2.0, eject_max_s=3.0)
+    fail_calls(s, 0, 1, at=100.0)
+    s.submit(0, now_s=101.9)
+    assert s.ejected() == [True, False]
+    s.submit(0, now_s=102.0)
+    assert s.ejected() == [False, False]
+    fail_calls(s, 0, 1, at=200.0)  # again, without a success: 2 x 2 s, capped at 3 s
+    s.submit(0, now_s=202.9)
+    assert s.ejected() == [True, False]
+    s.submit(0, now_s=203.0)
+    assert s.ejected() == [False, False]
+
+
+def test_a_restart_ends_an_ejection() -> None:
+    s = Scheduler(2, eject_after=1, eject_base_s=10.0)
+    fail_calls(s, 0, 1)
+    s.mark_dead(0, restarting=True)
+    s.mark_alive(0)
+    assert s.ejected() == [False, False]
+
+
+def test_affinity_leaves_an_ejected_actor() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=1, eject_base_s=10.0)
+    assert dispatch(s, affinity=5) == 0
+    fail_calls(s, 0, 1)
+    assert dispatch(s, affinity=5) == 1
+
+
+def test_a_picker_sees_only_actors_not_ejected_unless_all_are() -> None:
+    seen: list[list[int]] = []
+
+    def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None) -> int:
+        seen.append(list(ranks))
+        return 0
+
+    s = Scheduler(2, picker=picker, eject_after=1, eject_base_s=10.0)
+    fail_calls(s, 0, 1)
+    dispatch(s)
+    fail_calls(s, 1, 1)
+    dispatch(s)
+    assert seen == [[1], [0, 1]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"eject_after": -1}, "eject_after -1"),
+        ({"eject_base_s": 0.0}, "eject_base_s 0"),
+        ({"eject_base_s": 2.0, "eject_max_s": 1.0}, "eject_max_s 1"),
+        ({"eject_max_s": math.inf}, "eject_max_s inf"),
+    ],
+)
+def test_bad_ejection_settings_are_value_errors_naming_them(kwargs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        Scheduler(2, **kwargs)
+
+
+def test_release_gives_back_a_slot_without_a_sample_or_a_failure() -> None:
+    s = Scheduler(1, "pull", eject_after=1)
+    dispatch(s)
+    waiting = Payload("waiting")
+    s.submit(0, payload=waiting)
+    assert [d.payload for d in s.release(0)] == [waiting]
+    assert s.mean_latency_s()[0] != s.mean_latency_s()[0]  # NaN: never measured
+    assert s.ejected() == [False]
+    with pytest.raises(RuntimeError, match="no slot taken"):
+        s.release(0)
+        s.release(0)

@@ -1,0 +1,285 @@
+"""The call path: from a verb to one Ray actor call and back, keeping the load table exact.
+
+    mesh.methods.f.choose(x)                  _method.MeshMethod: the verbs, written once
+      Router.route(call)                      the native scheduler picks an actor
+        picked now:   Router._send            handle.f.remote(x); ref._on_ready(call.ended)
+        no free slot: the call waits in the scheduler's queue, which holds it
+      ... Ray's completion thread:
+      Call.ended -> Router._ended             free the slot, learn how the call ended,
+                                              settle call.future with the ObjectRef;
+                                              the rest goes to the loop thread (_loop):
+                                              queued calls the slot went to, a death, a retry
+    MeshFuture.get() -> read(call)            ray.get(ref) on the caller's thread, errors
+                                              named with the actor's rank and coordinates
+
+`all` and `shard` send one call per actor with `Router.send`; their future combines the parts
+on the loop thread (`_future`). A call's slot is freed exactly once, when it ends, whatever the
+outcome; a call is settled exactly once (a second outcome, e.g. after a timeout, is dropped).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+
+from . import _loop, _native, _ray
+from ._errors import MeshError, MeshTimeoutError, NoLiveActorsError, from_ray
+from ._failures import Failures
+from ._shape import Point, format_coords
+
+log = logging.getLogger("actormesh")
+
+_NO_KWARGS: dict[str, Any] = {}  # never written to
+
+
+class Call:
+    """One call to one actor: what to send, where it may go, and the future of its outcome.
+
+    `future` settles with the call's ObjectRef once the call has ended (its value is read by
+    whoever asks, see `read`), or with an error if it never ran to its end (cancelled, timed
+    out, no actor to take it, the mesh shut down).
+    """
+
+    __slots__ = ("router", "method", "args", "kwargs", "group", "affinity", "retries", "future",
+                 "actor", "epoch", "ticket", "ref", "started", "outcome", "_point", "_view")
+
+    def __init__(self, router: Router, method: str, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], *, point: Point | None = None,
+                 view: Callable[[int], Point] | None = None, group: int = -1,
+                 affinity: int | None = None, retries: int = 0) -> None:
+        self.router = router
+        self.method = method
+        self.args = args
+        self.kwargs = kwargs
+        self.group = group  # the scheduler group `choose` routes in; -1 for a call sent directly
+        self.affinity = affinity
+        self.retries = retries
+        self.future: cf.Future[Any] = cf.Future()
+        self.actor = -1  # set with `epoch`, `ref` and `started` when sent
+        self.epoch = 0
+        self.ticket = 0  # set while the call waits in the scheduler's queue
+        self.ref: ray.ObjectRef[Any] | None = None
+        self.started = 0.0
+        self.outcome = _ray.OK  # how it ended (`_ray.outcome`), once it has
+        self._point = point
+        self._view = view
+
+    @property
+    def point(self) -> Point:
+        """The called actor's point in the mesh it was called through (known once sent)."""
+        if self._point is None:
+            if self._view is None or self.actor < 0:
+                raise RuntimeError(f"{self.method}: the call was never sent to an actor")
+            self._point = self._view(self.actor)
+        return self._point
+
+    def error(self, error: RayError) -> BaseException:
+        """`error`, which the call ended with, as actormesh raises it: naming the actor's rank and
+        coordinates in the whole mesh."""
+        return from_ray(self.router.points[self.actor], self.method, error)
+
+    def ended(self, error: BaseException | None) -> None:
+        """Ray's `_on_ready` callback: the call has ended (`error`: its value will never exist)."""
+        self.router._ended(self, error)
+
+    def settle(self, ref: ray.ObjectRef[Any]) -> None:
+        settle_future(self.future, ref, None)
+
+    def fail(self, error: BaseException) -> None:
+        settle_future(self.future, None, error)
+
+
+def settle_future(future: cf.Future[Any], value: Any, error: BaseException | None) -> bool:
+    """Settle `future` unless it already is; False if it was."""
+    try:
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+    except cf.InvalidStateError:
+        return False
+    return True
+
+
+def read(call: Call) -> Any:
+    """The value of a call that has ended: its error (mapped) raised, else its value read."""
+    ref = call.future.result()
+    try:
+        return ray.get(ref)
+    except RayError as err:
+        raise call.error(err) from None
+
+
+class Router:
+    """Sends the calls of one mesh (shared by all its views) and ends them."""
+
+    def __init__(self, handles: Sequence[Any], points: Sequence[Point],
+                 scheduler: _native.Scheduler, *, defer_drain: bool,
+                 restart_timeout_s: float) -> None:
+        self.handles = list(handles)
+        self.points = list(points)
+        self.scheduler = scheduler
+        self.failures = Failures(
+            scheduler, [_name(p) for p in self.points], restart_timeout_s=restart_timeout_s,
+            dispatch=self._send_decisions, fail=self._fail_decisions,
+        )
+        # A Python Balancer must not run on Ray's completion thread: with one, a completion
+        # leaves the queue to a drain on the loop thread.
+        self._drain_inline = not defer_drain
+        self._remote: dict[tuple[int, str], Any] = {}
+        self.closed = False
+
+    def check_open(self, method: str) -> None:
+        if self.closed:
+            raise MeshError(f"{method}: the mesh is shut down")
+
+    # -- sending ------------------------------------------------------------------------------
+    def send(self, actor: int, call: Call) -> None:
+        """Send `call` to `actor` (the caller chose it), counted whatever the slot limit."""
+        self.scheduler.acquire(actor)
+        self._send(actor, call)
+
+    def route(self, call: Call) -> None:
+        """Let the scheduler pick the actor for `call`, now or when a slot frees."""
+        if self.closed:
+            call.fail(MeshError(f"{call.method}: the mesh is shut down"))
+            return
+        try:
+            decision = self.scheduler.submit(call.group, call.affinity, call, time.perf_counter())
+        except _native.NoLiveActors as err:
+            call.fail(NoLiveActorsError(f"{call.method}: {err}"))
+            return
+        except Exception as err:  # a Python Balancer raised or returned a bad index
+            call.fail(err)
+            return
+        if decision.actor >= 0:
+            self._send(decision.actor, call)
+        else:
+            call.ticket = decision.ticket
+
+    def _send(self, actor: int, call: Call) -> None:
+        call.ticket = 0
+        if call.future.done():  # cancelled or timed out while it waited: give the slot back
+            self._give_back(actor)
+            return
+        remote = self._remote.get((actor, call.method))
+        if remote is None:
+            remote = self._remote[(actor, call.method)] = getattr(self.handles[actor], call.method)
+        call.actor = actor
+        call.epoch = self.failures.epochs[actor]
+        call.started = time.perf_counter()
+        try:
+            ref = remote.remote(*call.args, **call.kwargs)
+        except Exception as err:  # e.g. an argument that cannot be serialised
+            self._give_back(actor)
+            call.fail(err)
+            return
+        call.ref = ref
+        ref._on_ready(call.ended)
+        if not call.retries:  # Ray holds what it sent; free the caller's objects with its future
+            call.args, call.kwargs = (), _NO_KWARGS
+
+    def _send_decisions(self, decisions: Sequence[_native.Decision]) -> None:
+        """Send the queued calls the scheduler has just given a slot (loop thread)."""
+        for decision in decisions:
+            self._send(decision.actor, decision.payload)
+
+    def _give_back(self, actor: int) -> None:
+        try:
+            drained = self.scheduler.release(actor, self._drain_inline)
+        except _native.PickerError as err:
+            drained = self._picker_failed(err)
+        self._hand_on(drained, actor)
+
+    def _drain(self, actor: int) -> None:
+        try:
+            drained = self.scheduler.drain(actor)
+        except _native.PickerError as err:
+            drained = self._picker_failed(err)
+        self._send_decisions(drained)
+
+    def _hand_on(self, drained: list[_native.Decision], actor: int) -> None:
+        """After a slot was freed: the queued calls it went to are sent from the loop thread, as
+        is the drain a Python Balancer defers."""
+        if drained:
+            _loop.post(self._send_decisions, drained)
+        elif not self._drain_inline:
+            _loop.post(self._drain, actor)
+
+    def _picker_failed(self, err: _native.PickerError) -> list[_native.Decision]:
+        """A Python Balancer raised while queued calls were drained: fail those, lose none."""
+        self._fail_decisions(err.failed, err.__cause__ or err)
+        return err.dispatched
+
+    # -- completion (Ray's thread: short, never waits, never runs user code) --------------------
+    def _ended(self, call: Call, error: BaseException | None) -> None:
+        try:
+            ended = time.perf_counter()
+            ref: Any = call.ref
+            outcome = call.outcome = _ray.FAILED if error is not None else _ray.outcome(ref)
+            lost = outcome == _ray.DIED or outcome == _ray.UNAVAILABLE
+            if lost:  # before the slot is freed: no queued call may follow this one there
+                self.failures.lost(call.actor, call.epoch)
+            self._hand_on(self.scheduler.complete(call.actor, call.started, ended,
+                                                  outcome == _ray.OK, self._drain_inline),
+                          call.actor)
+            if lost:
+                if call.retries > 0 and call.group >= 0 and not call.future.done():
+                    call.retries -= 1
+                    _loop.post(self.route, call)
+                    return
+            if error is not None:
+                call.fail(call.error(error) if isinstance(error, RayError) else error)
+            else:
+                call.settle(ref)
+        except BaseException as err:  # a bug here must not leave the call unsettled
+            log.exception("actormesh: ending %s failed", call.method)
+            call.fail(err)
+
+    def _fail_decisions(self, decisions: Sequence[_native.Decision], error: BaseException) -> None:
+        for decision in decisions:
+            call: Call = decision.payload
+            call.fail(_copy(error))
+
+    # -- cancellation, timeouts, shutdown ------------------------------------------------------
+    def cancel(self, calls: Sequence[Call], error: BaseException) -> None:
+        """Settle every call not yet done with `error`; take those still queued out of the
+        queue. A call already sent runs to its end (its slot is freed then) and its result is
+        dropped: `ray.cancel` of a call queued in a synchronous actor can stall that actor."""
+        for call in calls:
+            if call.future.done():
+                continue
+            if call.ticket:
+                self.scheduler.cancel(call.ticket)  # False: given a slot meanwhile; _send sees it
+            call.fail(_copy(error))
+
+    def expire_after(self, timeout_s: float, calls: Sequence[Call], label: str) -> _loop.Timer:
+        error = MeshTimeoutError(f"{label} did not finish within timeout={timeout_s} s")
+        return _loop.call_later(timeout_s, self.cancel, calls, error)
+
+    def close(self, why: str) -> None:
+        """Fail every queued call with `why`; later calls fail at once."""
+        self.closed = True
+        self.failures.close()
+        self._fail_decisions(self.scheduler.take_queued(), MeshError(why))
+
+
+def _copy(error: BaseException) -> BaseException:
+    """A fresh instance of `error` per call: one exception object raised in several threads
+    would share (and grow) one traceback."""
+    try:
+        fresh = type(error)(*error.args)
+    except Exception:  # noqa: BLE001 - an exception type with another constructor
+        return error
+    fresh.__cause__ = error.__cause__
+    return fresh
+
+
+def _name(point: Point) -> str:
+    return f"rank {point.rank} ({format_coords(point.coords)})"
