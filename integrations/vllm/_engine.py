@@ -49,6 +49,7 @@ class _SchedulerCounts:
         self.waiting: int | None = None
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.generated_tokens = 0  # counted per engine step, so it moves while requests run
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -61,6 +62,8 @@ class _SchedulerCounts:
 
             def record(self, scheduler_stats: Any, iteration_stats: Any,
                        mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+                if iteration_stats is not None:
+                    counts.generated_tokens += int(iteration_stats.num_generation_tokens)
                 if scheduler_stats is None:
                     return
                 counts.running = int(scheduler_stats.num_running_reqs)
@@ -113,7 +116,6 @@ class VllmEngine(Engine):
         self._live = 0
         self._quiet = asyncio.Event()
         self._quiet.set()
-        self._generated = 0
         self._start_gate()
 
     # -- generation -------------------------------------------------------------------------
@@ -168,7 +170,6 @@ class VllmEngine(Engine):
             label = 0 if span.version == "default" else int(span.version)
             versions.extend([label] * (span.end - span.start))
         versions.extend([self._version] * (len(tokens) - len(versions)))
-        self._generated += len(tokens)
         reason = str(completion.finish_reason)
         finish = reason if reason in ("stop", "length") else "abort"
         return Piece(tokens, logprobs, versions[: len(tokens)], finish, self._rank)  # type: ignore[arg-type]
@@ -199,7 +200,7 @@ class VllmEngine(Engine):
         c = self._counts
         return EngineStats(self._rank, sequences=self._live, running=c.running,
                            waiting=c.waiting, paused=self._paused,
-                           weight_version=self._version, generated_tokens=self._generated,
+                           weight_version=self._version, generated_tokens=c.generated_tokens,
                            prefix_queries=c.prefix_queries, prefix_hits=c.prefix_hits)
 
     # -- weights ----------------------------------------------------------------------------
