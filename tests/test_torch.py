@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import ray
 import torch
-from torch_workers import PlainWorker, Signal, TorchWorker
+from torch_workers import AsyncPlainWorker, PlainWorker, Signal, TorchWorker
 
 import actormesh as am
 from actormesh.integrations.torch import TorchMesh, TorchWorld, link
@@ -97,25 +97,30 @@ def test_an_unknown_group_name_is_an_error_naming_the_known_ones(
 
 
 # -- links --------------------------------------------------------------------------------------
-def test_a_link_joins_a_torch_rank_and_a_plain_mesh_for_a_broadcast(
+def test_a_link_joins_a_torch_rank_and_plain_meshes_for_a_broadcast(
     mesh: TorchMesh[TorchWorker], plain: am.ActorMesh[PlainWorker],
 ) -> None:
-    weights = link(mesh[0, 0], plain, name="weights")
-    try:
-        assert weights.size == 4
-        assert list(mesh[0, 0].methods.link_rank.all("weights").get(timeout=60)) == [(0, 4)]
-        assert list(plain.methods.link_rank.all("weights").get(timeout=60)) == [
-            (1, 4), (2, 4), (3, 4)]
-        values = [float(v) for v in range(1000)]
-        sent = mesh[0, 0].methods.broadcast.all("weights", values)
-        received = plain.methods.broadcast.all("weights", [0.0] * 1000)
-        assert list(received.get(timeout=60)) == [values] * 3
-        assert list(sent.get(timeout=60)) == [values]
-        assert list(plain.methods.in_world.all().get(timeout=60)) == [False] * 3
-        with pytest.raises(ValueError, match="link 'weights' already exists"):
-            link(mesh[0, 0], plain, name="weights")
-    finally:
-        weights.close()
+    with am.ActorMesh(AsyncPlainWorker, 1, num_cpus=0.5) as async_plain:
+        weights = link(mesh[1, 1], plain, async_plain, name="weights")
+        try:
+            assert weights.size == 5
+            # World rank 3 is link rank 0: torch translates through the link's own ranks.
+            assert list(mesh[1, 1].methods.link_rank.all("weights").get(timeout=60)) == [
+                (0, 5, 0)]
+            assert list(plain.methods.link_rank.all("weights").get(timeout=60)) == [
+                (1, 5, None), (2, 5, None), (3, 5, None)]
+            values = [float(v) for v in range(1000)]
+            sent = mesh[1, 1].methods.broadcast.all("weights", values)
+            received = plain.methods.broadcast.all("weights", [0.0] * 1000)
+            received_async = async_plain.methods.broadcast.all("weights", [0.0] * 1000)
+            assert list(received.get(timeout=60)) == [values] * 3
+            assert list(received_async.get(timeout=60)) == [values]
+            assert list(sent.get(timeout=60)) == [values]
+            assert list(plain.methods.in_world.all().get(timeout=60)) == [False] * 3
+            with pytest.raises(ValueError, match="link 'weights' already exists"):
+                link(mesh[0, 0], plain, name="weights")
+        finally:
+            weights.close()
     with pytest.raises(am.ActorError, match="no process group 'weights'"):
         plain.methods.link_rank.choose("weights").get(timeout=60)
 

@@ -19,9 +19,11 @@ class LinkMember:
     """What any actor of a link does: report its link rank, send or receive a broadcast."""
 
     @am.method
-    def link_rank(self, name: str) -> tuple[int, int]:
+    def link_rank(self, name: str) -> tuple[int, int, int | None]:
+        """The rank in link `name`, its size, and the rank torch translates for a world member."""
         group = process_group(name)
-        return group.rank(), group.size()
+        translated = dist.get_rank(group) if dist.is_initialized() else None
+        return group.rank(), group.size(), translated
 
     @am.method
     def broadcast(self, name: str, values: list[float]) -> list[float]:
@@ -91,6 +93,17 @@ class PlainWorker(LinkMember):
     @am.method
     def in_world(self) -> bool:
         return dist.is_initialized()
+
+
+class AsyncPlainWorker:
+    """An async actor of a plain ActorMesh: set-up code runs on its event loop."""
+
+    @am.method
+    async def broadcast(self, name: str, values: list[float]) -> list[float]:
+        group = process_group(name)
+        tensor = torch.zeros(len(values))
+        dist.broadcast(tensor, group=group, group_src=0)
+        return [float(v) for v in tensor]
 
 
 class Signal:

@@ -11,7 +11,6 @@ user's `on_restart`.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -154,14 +153,10 @@ def _restart_hook(setup: WorldSetup, rendezvous: Any,
                   on_restart: Callable[[am.ActorMesh[T]], object] | None
                   ) -> Callable[[am.ActorMesh[T]], None]:
     """The core's restart hook: wait for the world to form again, re-form the links that
-    include the actor, then run the user's `on_restart`. It holds no mesh, so a dropped mesh
-    is still collected.
+    include the actor, then run the user's `on_restart`. The core runs it on a thread of its
+    own, where it may wait. It holds no mesh, so a dropped mesh is still collected."""
 
-    A hook called on a thread Python did not start (Ray's callback thread) must not wait there;
-    the work then moves to a thread of its own.
-    """
-
-    def after_restart(view: am.ActorMesh[T]) -> None:
+    def hook(view: am.ActorMesh[T]) -> None:
         epoch = ray.get(rendezvous.settled.remote(), timeout=setup.join_timeout_s + 30)
         log.info("torch world: rank %d is back; the world formed again (epoch %d)",
                  view.points[0].rank, epoch)
@@ -169,19 +164,6 @@ def _restart_hook(setup: WorldSetup, rendezvous: Any,
             lk.reform()
         if on_restart is not None:
             on_restart(view)
-
-    def logged(view: am.ActorMesh[T]) -> None:
-        try:
-            after_restart(view)
-        except Exception:
-            log.exception("torch world: after rank %d restarted", view.points[0].rank)
-
-    def hook(view: am.ActorMesh[T]) -> None:
-        if isinstance(threading.current_thread(), threading._DummyThread):
-            threading.Thread(target=logged, args=(view,), name="actormesh-torch-restart",
-                             daemon=True).start()
-        else:
-            after_restart(view)
 
     return hook
 
