@@ -9,9 +9,11 @@ others, as in vLLM). A token depends only on the sequence before it and the weig
 sequence cut and resent anywhere yields the same tokens and log-probabilities, like greedy
 decoding on a real engine.
 
-`engine_args` (all optional): `step_s` (seconds per decoding step, 0.002), `speeds` (a speed
-factor per rank: a step takes `step_s / speed`), `max_num_seqs` (256), `prefill_s_per_token`
-(0), `block_size` (16), `cache_blocks` (4096), `vocab_size` (1000), `eos_token_id` (None).
+`engine_args` (all optional): `step_s` (seconds per decoding step, 0.002), `step_s_per_seq`
+(added per running sequence, 0: a bigger batch makes a slower step), `prefill_s_per_token` (0:
+added to the step that admits a sequence, per prompt token not in the prefix cache), `speeds` (a
+speed factor per rank: every cost is divided by it), `max_num_seqs` (256), `block_size` (16),
+`cache_blocks` (4096), `vocab_size` (1000), `eos_token_id` (None).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import actormesh as am
 
 from ._protocol import Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
 
-_ARGS = {"step_s", "speeds", "max_num_seqs", "prefill_s_per_token", "block_size", "cache_blocks",
+_ARGS = {"step_s", "step_s_per_seq", "speeds", "max_num_seqs", "prefill_s_per_token", "block_size", "cache_blocks",
          "vocab_size", "eos_token_id", "hidden_size"}
 _CONTEXT = 8  # tokens of context a fake token depends on (besides the position)
 
@@ -119,10 +121,11 @@ class FakeEngine(Engine):
     def __init__(self, model: str, engine_args: Mapping[str, Any]) -> None:
         self._rank = am.current_rank().rank
         speeds = engine_args.get("speeds") or [1.0]
-        self._step_s = float(engine_args.get("step_s", 0.002)) / float(speeds[self._rank % len(speeds)])
+        speed = float(speeds[self._rank % len(speeds)])
+        self._step_s = float(engine_args.get("step_s", 0.002)) / speed
+        self._step_s_per_seq = float(engine_args.get("step_s_per_seq", 0.0)) / speed
+        self._prefill_s = float(engine_args.get("prefill_s_per_token", 0.0)) / speed
         self._max_seqs = int(engine_args.get("max_num_seqs", 256))
-        self._prefill_s = float(engine_args.get("prefill_s_per_token", 0.0)) / float(
-            speeds[self._rank % len(speeds)])
         self._block = int(engine_args.get("block_size", 16))
         self._capacity = int(engine_args.get("cache_blocks", 4096))
         self._vocab = int(engine_args.get("vocab_size", 1000))
@@ -183,7 +186,8 @@ class FakeEngine(Engine):
                 self._running.append(seq)
             self._between_steps.clear()
             try:
-                await asyncio.sleep(self._step_s + prefill * self._prefill_s)
+                await asyncio.sleep(self._step_s + len(self._running) * self._step_s_per_seq
+                                    + prefill * self._prefill_s)
                 for seq in list(self._running):
                     self._advance(seq)
             finally:
