@@ -205,14 +205,15 @@ def test_a_restarted_actor_reforms_the_world_its_groups_and_links_then_on_restar
     with TorchMesh(TorchWorker, {"dp": 2}, num_cpus=0.5, max_restarts=1, timeout_s=20,
                    on_restart=on_restart) as restartable:
         restartable.wait_ready(timeout=180)
-        sync = link(restartable[1], plain[0], name="sync")
+        sync = link(restartable[0], plain[0], name="sync")  # includes the actor that restarts
+        kept = link(restartable[1], plain[1], name="kept")  # does not: it lives on untouched
         try:
             before = [w["world"] for w in restartable.methods.world.all().get(timeout=60)]
-            ray.kill(restartable.actors[1], no_restart=False)
+            ray.kill(restartable.actors[0], no_restart=False)  # rank 0: it hosts the store
             assert back.wait(timeout=180), "on_restart did not run"
             after = list(restartable.methods.world.all().get(timeout=60))
             assert restartable.epoch == 1
-            assert [(rank, [w.epoch for w in worlds]) for rank, worlds in seen] == [(1, [1])]
+            assert [(rank, [w.epoch for w in worlds]) for rank, worlds in seen] == [(0, [1])]
             for rank, (old, new) in enumerate(zip(before, after)):
                 assert (old.epoch, new["world"].epoch) == (0, 1)
                 assert new["world"].rank == rank and new["env"]["RANK"] == str(rank)
@@ -221,11 +222,14 @@ def test_a_restarted_actor_reforms_the_world_its_groups_and_links_then_on_restar
             assert list(restartable.methods.world_sum.all(1.0).get(timeout=60)) == [3.0, 3.0]
             assert list(restartable.methods.dim_sum.all("dp").get(timeout=60)) == [
                 (1.0, [0, 1])] * 2
-            sent = restartable[1].methods.broadcast.all("sync", [4.0, 2.0])
-            assert list(plain[0].methods.broadcast.all("sync", [0.0, 0.0]).get(60)) == [[4.0, 2.0]]
-            assert list(sent.get(timeout=60)) == [[4.0, 2.0]]
+            for name, member in (("sync", 0), ("kept", 1)):
+                sent = restartable[member].methods.broadcast.all(name, [4.0, 2.0])
+                received = plain[member].methods.broadcast.all(name, [0.0, 0.0])
+                assert list(received.get(timeout=60)) == [[4.0, 2.0]], name
+                assert list(sent.get(timeout=60)) == [[4.0, 2.0]], name
         finally:
             sync.close()
+            kept.close()
 
 
 def test_a_collective_cut_by_a_death_fails_in_every_survivor() -> None:

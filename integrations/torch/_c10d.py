@@ -53,7 +53,7 @@ def link_group(name: str, rank: int, size: int, backend: str, store: Store,
     from torch.distributed import distributed_c10d as c10d
 
     made, _ = c10d._new_process_group_helper(
-        size, rank, [], backend, store, group_name=c10d.GroupName(name),
+        size, rank, [], backend, store, group_name=cast("c10d.GroupName", name),
         timeout=datetime.timedelta(seconds=timeout_s), group_desc=f"actormesh link {name}",
     )
     group = cast("ProcessGroup", made)  # not NON_GROUP_MEMBER: every caller is a member
