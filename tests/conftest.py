@@ -1,13 +1,31 @@
-"""One local Ray cluster for the whole test session (starting Ray per test costs seconds)."""
+"""One local Ray cluster for the whole test session (starting Ray per test costs seconds), and a
+check after every test that uses it: every mesh still open has given back every slot."""
 
 from __future__ import annotations
 
 import os
+import time
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+import actormesh as am
+
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+# Every mesh made in this session, held weakly, so the check below can find them.
+_meshes: weakref.WeakSet[Any] = weakref.WeakSet()
+_init = am.ActorMesh.__init__
+
+
+def _recording_init(self: am.ActorMesh[Any], *args: Any, **kwargs: Any) -> None:
+    _init(self, *args, **kwargs)
+    _meshes.add(self)
+
+
+am.ActorMesh.__init__ = _recording_init  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +46,21 @@ def ray_cluster() -> Iterator[None]:
     )
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def every_slot_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test on the cluster, each open mesh's load returns to zero with nothing queued
+    (calls the test abandoned may still be finishing in their actors: give them a while)."""
+    yield
+    if "ray_cluster" not in request.fixturenames:
+        return
+    deadline = time.monotonic() + 60
+    for mesh in list(_meshes):
+        router = mesh._root.router
+        while not router.closed and (any(router.scheduler.in_flight())
+                                     or router.scheduler.queued()):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{mesh!r} still has calls after the test: load {mesh.load()}, "
+                            f"{router.scheduler.queued()} queued")
+            time.sleep(0.01)

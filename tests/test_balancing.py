@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterator, Sequence
 
 import pytest
-from workers import Worker
+from workers import Worker, signal, wait_until
 
 import actormesh as am
 
@@ -35,21 +35,26 @@ def test_calls_beyond_max_in_flight_wait_and_are_sent_as_slots_free(
 
 
 def test_a_queued_call_can_be_cancelled(pair: am.ActorMesh[Worker]) -> None:
-    busy = [pair.methods.sleep.choose(0.5) for _ in range(2)]
+    sig = signal()
+    busy = [pair.methods.block.choose(sig) for _ in range(2)]
     waiting = pair.methods.rank.choose()
+    assert pair.load() == [1, 1] and not waiting.done()
     waiting.cancel()
     with pytest.raises(Exception, match="cancelled"):
         waiting.get(timeout=60)
+    sig.send.remote()
     for future in busy:
         future.get(timeout=60)
     assert pair.load() == [0, 0]
 
 
 def test_a_queued_call_times_out_without_leaking_a_slot(pair: am.ActorMesh[Worker]) -> None:
-    busy = [pair.methods.sleep.choose(0.5) for _ in range(2)]
+    sig = signal()
+    busy = [pair.methods.block.choose(sig) for _ in range(2)]
     late = pair.methods.rank.options(timeout=0.05).choose()
     with pytest.raises(am.MeshTimeoutError):
         late.get(timeout=60)
+    sig.send.remote()
     for future in busy:
         future.get(timeout=60)
     assert pair.load() == [0, 0]
@@ -60,9 +65,11 @@ def test_a_queued_call_times_out_without_leaking_a_slot(pair: am.ActorMesh[Worke
 def test_load_aware_policies_keep_calls_off_a_busy_actor(policy: str) -> None:
     with am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=policy) as mesh:  # type: ignore[arg-type]
         mesh.wait_ready(60)
-        stuck = mesh[0].methods.sleep.choose(1.0)
+        sig = signal()
+        stuck = mesh[0].methods.block.choose(sig)
         picks = [mesh.methods.rank.choose().get(timeout=60) for _ in range(10)]
         assert picks == [1] * 10
+        sig.send.remote()
         stuck.get(timeout=60)
 
 
@@ -76,10 +83,12 @@ def test_affinity_sticks_to_the_actor_that_served_the_key() -> None:
 def test_affinity_escapes_an_overloaded_actor() -> None:
     policy = am.Policy("pow2", affinity_abs=1, affinity_rel=1.0)
     with am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=policy) as mesh:
-        sticky = mesh.methods.sleep.options(affinity="k")
-        home = sticky.choose(0).get(timeout=60)
-        blockers = [mesh[home].methods.sleep.choose(0.5) for _ in range(3)]
-        assert sticky.choose(0).get(timeout=60) == 1 - home
+        sticky = mesh.methods.rank.options(affinity="k")
+        home = sticky.choose().get(timeout=60)
+        sig = signal()
+        blockers = [mesh[home].methods.block.choose(sig) for _ in range(3)]
+        assert sticky.choose().get(timeout=60) == 1 - home
+        sig.send.remote()
         for future in blockers:
             future.get(timeout=60)
 
@@ -118,7 +127,6 @@ def test_threads_with_timeouts_and_cancels_leave_every_slot_free(pair: am.ActorM
     """Queued calls time out or are cancelled while completions drain the queue, from 4 threads."""
     import concurrent.futures as cf
     import random
-    import time
 
     def client(seed: int) -> list[am.MeshFuture[int]]:
         rng = random.Random(seed)
@@ -140,10 +148,7 @@ def test_threads_with_timeouts_and_cancels_leave_every_slot_free(pair: am.ActorM
         except (am.MeshTimeoutError, cf.CancelledError):
             outcomes["dropped"] += 1
     assert outcomes["done"] + outcomes["dropped"] == 240 and outcomes["done"] > 0
-    deadline = time.monotonic() + 30
-    while pair.load() != [0, 0] and time.monotonic() < deadline:
-        time.sleep(0.01)  # cancelled calls already sent still finish in their actor
-    assert pair.load() == [0, 0]
+    wait_until(lambda: pair.load() == [0, 0])  # calls cancelled once sent still finish
     assert pair.methods.rank.choose().get(timeout=60) in (0, 1)
 
 
@@ -160,8 +165,11 @@ def test_a_python_balancer_failing_on_a_queued_call_fails_that_call_only() -> No
 
     with am.ActorMesh(Worker, shape=1, num_cpus=0.1, max_in_flight=1,
                       balancer=FailsSecondPick()) as mesh:
-        first = mesh.methods.sleep.choose(0.2)  # pick 1
+        sig = signal()
+        first = mesh.methods.block.choose(sig)  # pick 1
         queued = mesh.methods.rank.choose()  # no free slot: queued without a pick
+        assert not queued.done()
+        sig.send.remote()
         assert first.get(timeout=60) == 0
         with pytest.raises(KeyError, match="no replica"):
             queued.get(timeout=60)  # pick 2, made when the slot freed, raised

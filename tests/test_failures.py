@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import random
+import threading
+from collections import Counter
+from typing import Any
 
 import pytest
 import ray
-from workers import Worker, wait_until
+from workers import ComesBackOnSignal, Worker, signal, wait_until, waiters
 
 import actormesh as am
 
@@ -16,8 +21,9 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 def test_a_death_fails_only_the_calls_on_that_actor() -> None:
     with am.ActorMesh(Worker, shape={"x": 3}, num_cpus=0.1) as mesh:
         mesh.wait_ready(60)
-        doomed = mesh[1].methods.sleep.choose(60)
-        wait_until(lambda: mesh.load()[1] == 1)
+        sig = signal()
+        doomed = mesh[1].methods.block.choose(sig)
+        waiters(sig, 1)
         ray.kill(mesh.actors[1])
         with pytest.raises(am.ActorDiedError, match=r"rank 1 \(x=1\)") as info:
             doomed.get(timeout=60)
@@ -39,10 +45,12 @@ def test_choose_stops_routing_to_an_idle_actor_that_died() -> None:
 def test_retries_reroute_a_call_whose_actor_died() -> None:
     with am.ActorMesh(Worker, shape=2, num_cpus=0.1) as mesh:
         mesh.wait_ready(60)
-        future = mesh.methods.sleep.options(retries=1).choose(2.0)
-        wait_until(lambda: sum(mesh.load()) == 1)
+        sig = signal()
+        future = mesh.methods.block.options(retries=1).choose(sig)
+        waiters(sig, 1)
         victim = mesh.load().index(1)
         ray.kill(mesh.actors[victim])
+        sig.send.remote()
         assert future.get(timeout=60) == 1 - victim  # answered once, by the survivor
         assert mesh.load() == [0, 0]
 
@@ -50,9 +58,10 @@ def test_retries_reroute_a_call_whose_actor_died() -> None:
 def test_without_live_actors_choose_fails_at_once_and_queued_calls_fail_too() -> None:
     with am.ActorMesh(Worker, shape=1, num_cpus=0.1, max_in_flight=1) as mesh:
         mesh.wait_ready(60)
-        running = mesh.methods.sleep.choose(60)
+        sig = signal()
+        running = mesh.methods.block.choose(sig)
         queued = mesh.methods.sleep.choose(0)
-        wait_until(lambda: mesh.load()[0] == 1)
+        waiters(sig, 1)
         ray.kill(mesh.actors[0])
         with pytest.raises(am.ActorDiedError):
             running.get(timeout=60)
@@ -88,19 +97,146 @@ def test_placement_bundles_hold_one_actor_each() -> None:
 
 
 def test_stress_every_call_answered_once_while_actors_die() -> None:
-    """Thousands of retried calls while actors are killed and restart: none lost or doubled."""
+    """Thousands of retried calls while actors are killed and restart: none lost, and none run
+    twice on live actors (each actor counts what it executed)."""
     with am.ActorMesh(Worker, shape=4, num_cpus=0.1, max_restarts=-1, args=(1,)) as mesh:
         mesh.wait_ready(60)
         rng = random.Random(7)
-        futures: list[am.MeshFuture[int]] = []
+        futures: list[am.MeshFuture[tuple[int, int]]] = []
         kills = 0
         for i in range(3000):
-            futures.append(mesh.methods.f.options(retries=8).choose(i))
+            futures.append(mesh.methods.counted.options(retries=8).choose(i))
             if i % 1000 == 500:
                 ray.kill(mesh.actors[rng.randrange(4)], no_restart=False)
                 kills += 1
         answers = [f.get(timeout=120) for f in futures]
-        assert answers == list(range(3000))
+        assert [x for x, _ in answers] == list(range(3000))
         assert kills == 3
         wait_until(lambda: all(mesh.load().alive))
         assert mesh.load() == [0, 0, 0, 0]
+        executed: Counter[int] = Counter()
+        for counts in mesh.methods.execution_counts.all().get(timeout=60):
+            executed.update(counts)
+        # Calls that ran on a killed incarnation are not counted there; any other double run is.
+        live = {pid for pid in mesh.methods.pid.all().get(timeout=60)}
+        for x, pid in answers:
+            if pid in live:
+                assert executed[x] == 1, (x, executed[x])
+
+
+# -- restarts -----------------------------------------------------------------------------------
+def test_an_on_restart_hook_may_call_the_mesh_and_wait() -> None:
+    """The hook runs on the library's user thread, so waiting on the mesh there is fine."""
+    seen: list[Any] = []
+    back = threading.Event()
+
+    def hook(view: am.ActorMesh[Worker]) -> None:
+        seen.append((list(view.methods.rank.all().get(timeout=20)), threading.current_thread().name))
+        back.set()
+
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, max_restarts=1, on_restart=hook) as mesh:
+        mesh.wait_ready(60)
+        ray.kill(mesh.actors[1], no_restart=False)
+        assert back.wait(60)
+        assert seen == [([1], "actormesh-user")]
+        wait_until(lambda: mesh.load().alive == [True, True])
+        assert {mesh.methods.rank.choose().get(timeout=60) for _ in range(30)} == {0, 1}
+
+
+def test_an_on_restart_hook_that_raises_is_logged_and_the_actor_comes_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def hook(view: am.ActorMesh[Worker]) -> None:
+        raise OSError("could not rejoin the group")
+
+    with caplog.at_level(logging.ERROR, logger="actormesh"), am.ActorMesh(
+        Worker, shape=2, num_cpus=0.1, max_restarts=1, on_restart=hook
+    ) as mesh:
+        mesh.wait_ready(60)
+        ray.kill(mesh.actors[0], no_restart=False)
+        wait_until(lambda: "could not rejoin the group" in caplog.text)
+        wait_until(lambda: mesh.load().alive == [True, True])
+        assert {mesh.methods.rank.choose().get(timeout=60) for _ in range(30)} == {0, 1}
+    assert "on_restart of rank 0" in caplog.text
+
+
+def test_calls_only_a_restarting_actor_can_serve_wait_for_it() -> None:
+    sig = signal()
+    with am.ActorMesh(ComesBackOnSignal, shape=1, args=(sig,), num_cpus=0.1,
+                      max_restarts=1) as mesh:
+        mesh.wait_ready(60)
+        ray.kill(mesh.actors[0], no_restart=False)
+        wait_until(lambda: mesh.load().actors[0].restarting)
+        waiting = mesh.methods.rank.choose()
+        with pytest.raises(TimeoutError):
+            waiting.get(timeout=0.5)  # no NoLiveActorsError: the actor is coming back
+        sig.send.remote()
+        assert waiting.get(timeout=60) == 0
+
+
+def test_a_restart_that_outlasts_restart_timeout_fails_the_waiting_calls_clearly() -> None:
+    sig = signal()
+    with am.ActorMesh(ComesBackOnSignal, shape=1, args=(sig,), num_cpus=0.1, max_restarts=1,
+                      restart_timeout_s=1.0) as mesh:
+        mesh.wait_ready(60)
+        ray.kill(mesh.actors[0], no_restart=False)
+        wait_until(lambda: mesh.load().actors[0].restarting)
+        with pytest.raises(am.NoLiveActorsError, match=r"restart_timeout_s=1.0"):
+            mesh.methods.rank.choose().get(timeout=60)
+        sig.send.remote()
+        wait_until(lambda: mesh.load().alive == [True])  # back after all: routed again
+        assert mesh.methods.rank.choose().get(timeout=60) == 0
+
+
+def test_on_restart_without_restarts_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_restarts=0"):
+        am.ActorMesh(Worker, shape=1, on_restart=lambda view: None)
+
+
+# -- the balancer sees failures -------------------------------------------------------------------
+def test_an_actor_that_fails_every_call_at_once_draws_little_traffic() -> None:
+    with am.ActorMesh(Worker, shape=3, num_cpus=0.1, balancer="least_loaded") as mesh:
+        mesh.wait_ready(60)
+        served: Counter[int] = Counter()
+        for _ in range(10):
+            futures = [mesh.methods.fail_on.options(return_exceptions=True).choose(0, 0.02)
+                       for _ in range(6)]
+            for future in futures:
+                result = future.get(timeout=60)
+                served[result.rank if isinstance(result, am.ActorError) else result] += 1
+        assert served[0] <= 10, served  # ejected after 5 failures in a row (1 s, then 2 s)
+        assert served[1] + served[2] >= 50
+
+
+# -- bad input and cleanup --------------------------------------------------------------------
+def test_constructor_arguments_that_do_not_fit_init_are_refused_before_any_actor_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import actormesh._mesh
+
+    def no_actors(cls: type) -> Any:
+        raise AssertionError("an actor class was built")
+
+    monkeypatch.setattr(actormesh._mesh, "remote_class", no_actors)
+    with pytest.raises(TypeError, match=r"Worker.__init__.* args=\(1, 2\)"):
+        am.ActorMesh(Worker, shape=2, args=(1, 2))
+    with pytest.raises(TypeError, match=r"scal"):
+        am.ActorMesh(Worker, shape=2, kwargs={"scal": 3})
+
+
+def test_a_mesh_dropped_without_shutdown_is_cleaned_up() -> None:
+    mesh = am.ActorMesh(Worker, shape=2, num_cpus=0.1)
+    mesh.wait_ready(60)
+    handle = mesh.actors[0]
+    assert mesh.methods.rank.choose().get(timeout=60) in (0, 1)
+    del mesh
+    gc.collect()
+
+    def dead() -> bool:
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return True
+        return False
+
+    wait_until(dead)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from workers import ENV_NAMES, AsyncWorker, Worker, wait_until
+from workers import ENV_NAMES, AsyncWorker, Boxes, Worker, signal, wait_until
 
 import actormesh as am
 
@@ -20,6 +20,12 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 @pytest.fixture(scope="module")
 def mesh(ray_cluster: None) -> Iterator[am.ActorMesh[Worker]]:
     with am.ActorMesh(Worker, shape={"dp": 2, "tp": 2}, args=(3,), num_cpus=0.5) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def boxes(ray_cluster: None) -> Iterator[am.ActorMesh[Boxes]]:
+    with am.ActorMesh(Boxes, shape=1, num_cpus=0.1) as m:
         yield m
 
 
@@ -126,16 +132,42 @@ def test_future_exposes_object_refs_and_done(mesh: am.ActorMesh[Worker]) -> None
 
 
 def test_get_timeout_raises_timeout_error(mesh: am.ActorMesh[Worker]) -> None:
-    future = mesh[0, 0].methods.sleep.choose(0.5)
-    with pytest.raises(TimeoutError):
+    sig = signal()
+    future = mesh[0, 0].methods.block.choose(sig)
+    with pytest.raises(TimeoutError, match="did not finish within 0.01 s"):
         future.get(timeout=0.01)
+    sig.send.remote()
     assert future.get(timeout=60) == 0
 
 
 def test_option_timeout_fails_the_call(mesh: am.ActorMesh[Worker]) -> None:
-    future = mesh[0, 1].methods.sleep.options(timeout=0.05).choose(1.0)
+    sig = signal()
+    future = mesh[0, 1].methods.block.options(timeout=0.05).choose(sig)
     with pytest.raises(am.MeshTimeoutError, match="timeout=0.05"):
         future.get(timeout=60)
+    sig.send.remote()
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 0, -2.0])
+def test_a_timeout_must_be_finite_and_positive(mesh: am.ActorMesh[Worker], bad: float) -> None:
+    with pytest.raises(ValueError, match="must be a finite number of seconds > 0"):
+        mesh.methods.f.options(timeout=bad)
+    sig = signal()
+    future = mesh[0, 1].methods.block.options(timeout=0.05).choose(sig)  # timers still run
+    with pytest.raises(am.MeshTimeoutError):
+        future.get(timeout=60)
+    sig.send.remote()
+
+
+def test_a_finished_call_with_a_long_timeout_keeps_nothing_alive(
+        boxes: am.ActorMesh[Boxes]) -> None:
+    future = boxes.methods.box.options(timeout=600).choose(7)
+    value = future.get(timeout=60)
+    assert value.payload == 7
+    alive = weakref.ref(value)
+    del future, value
+    gc.collect()
+    assert alive() is None
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -209,13 +241,15 @@ def test_bad_indices_name_the_mesh_shape(mesh: am.ActorMesh[Worker]) -> None:
 
 
 def test_views_share_load_state(mesh: am.ActorMesh[Worker]) -> None:
-    slow = mesh[0, 0].methods.sleep.choose(0.5)
+    sig = signal()
+    busy = mesh[0, 0].methods.block.choose(sig)
     try:
-        assert mesh.load()[0] >= 1  # the parent sees the view's call in flight
+        assert mesh.load()[0] == 1  # the parent sees the view's call in flight
         picks = [mesh[0].methods.rank.choose().get(timeout=60) for _ in range(4)]
         assert picks == [1, 1, 1, 1]  # the view's pow2 avoids the busy actor
     finally:
-        slow.get(timeout=60)
+        sig.send.remote()
+        busy.get(timeout=60)
 
 
 def test_load_returns_to_zero(mesh: am.ActorMesh[Worker]) -> None:
@@ -251,12 +285,14 @@ def test_a_ready_value_read_by_many_threads_is_read_once_and_agrees(
 
 
 def test_many_threads_waiting_on_one_future_all_wake(mesh: am.ActorMesh[Worker]) -> None:
-    future = mesh[0, 0].methods.sleep.choose(0.3)
+    sig = signal()
+    future = mesh[0, 0].methods.block.choose(sig)
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         waits = [pool.submit(future.get, 60) for _ in range(6)]
+        with pytest.raises(TimeoutError):
+            future.get(timeout=0.0)
+        sig.send.remote()
         assert [w.result(timeout=60) for w in waits] == [0] * 6
-    with pytest.raises(TimeoutError):
-        mesh[0, 0].methods.sleep.choose(0.5).get(timeout=0.0)
 
 
 def test_an_error_read_late_still_names_the_actor(mesh: am.ActorMesh[Worker]) -> None:
@@ -275,12 +311,14 @@ def test_an_error_read_late_still_names_the_actor(mesh: am.ActorMesh[Worker]) ->
 
 def test_arguments_are_released_once_sent(mesh: am.ActorMesh[Worker]) -> None:
     """Ray holds what it sent; a pending future does not keep the caller's arguments alive."""
+    sig = signal()
     batch = np.zeros(1_000_000, dtype=np.uint8)
     alive = weakref.ref(batch)
-    future = mesh[0, 0].methods.sleep_then_length.choose(0.3, batch)
+    future = mesh[0, 0].methods.block_then_length.choose(sig, batch)
     del batch
     gc.collect()
     assert alive() is None and not future.done()
+    sig.send.remote()
     assert future.get(timeout=60) == 1_000_000
 
 
@@ -332,3 +370,56 @@ def test_run_in_actors_awaits_coroutines_in_async_actors(
     async_mesh: am.ActorMesh[AsyncWorker],
 ) -> None:
     assert list(async_mesh.run_in_actors(_plus_one, 4).get(timeout=60)) == [5, 5]
+
+
+# -- how the library runs the actors and the callbacks ------------------------------------------
+def test_a_sync_actor_runs_its_methods_on_its_init_thread(mesh: am.ActorMesh[Worker]) -> None:
+    """As in a plain Ray actor: thread-local state set in __init__ (a CUDA device) is seen."""
+    assert list(mesh.methods.threading_seen.all().get(timeout=60)) == [(True, True)] * 4
+
+
+def test_an_actor_whose_only_async_methods_are_am_methods_is_async(
+    async_mesh: am.ActorMesh[AsyncWorker],
+) -> None:
+    """Two calls on one actor at once: the second opens what the first waits for."""
+    one = async_mesh[0]
+    waiting = one.methods.wait_open.choose()
+    one.methods.open_gate.choose().get(timeout=60)
+    assert waiting.get(timeout=60) == "opened"
+
+
+def test_a_done_callback_that_raises_is_logged_and_does_not_stop_the_others(
+    mesh: am.ActorMesh[Worker], caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+    import threading
+
+    future = mesh.methods.f.choose(2)
+    later = threading.Event()
+
+    def bad(_: am.MeshFuture[int]) -> None:
+        raise KeyError("callback bug")
+
+    with caplog.at_level(logging.ERROR, logger="actormesh"):
+        future.add_done_callback(bad)
+        future.add_done_callback(lambda f: later.set() if f.get(timeout=10) == 6 else None)
+        assert later.wait(60)
+    assert "callback bug" in caplog.text
+
+    async def awaited() -> int:
+        return await future
+
+    assert asyncio.run(awaited()) == 6
+
+
+def test_as_completed_on_a_call_that_was_never_sent_raises_its_error() -> None:
+    with am.ActorMesh(Worker, shape=1, num_cpus=0.1) as lonely:
+        lonely.wait_ready(60)
+        import ray
+
+        ray.kill(lonely.actors[0])
+        wait_until(lambda: lonely.load().actors[0].alive is False
+                   and not lonely.load().actors[0].restarting)
+        future = lonely.methods.rank.choose()
+        with pytest.raises(am.NoLiveActorsError):
+            list(future.as_completed(timeout=60))

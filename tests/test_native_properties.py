@@ -4,7 +4,9 @@
   and an extra complete raises without changing anything;
 - a dispatch (by submit or by a drain) never takes an actor above max_in_flight;
 - every ticket is dispatched exactly once, or handed back exactly once (cancel, mark_dead, a
-  failed pick), and queued() counts the rest;
+  failed pick), with the payload it was queued with, and queued() counts the rest;
+- a restarting actor takes no call but keeps calls that only it can serve waiting; an ejected
+  actor takes a call only when no other eligible member can; a deferred drain loses nothing;
 - once every call has completed, every count is back to zero and nothing is queued.
 """
 
@@ -42,6 +44,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_in_flight=max_in_flight,
             seed=seed,
             affinity_capacity=4,
+            eject_after=2,
+            eject_base_s=0.05,
+            eject_max_s=0.2,
             picker=picker if policy == "external" else None,
         )
         self.num_actors = num_actors
@@ -49,7 +54,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.groups = [0]
         self.running = [0] * num_actors  # calls dispatched or acquired, not completed
         self.alive = [True] * num_actors
+        self.status = ["alive"] * num_actors
         self.queued: set[int] = set()
+        self.payloads: dict[int, object] = {}  # ticket -> what it was queued with
         self.outcome: dict[int, str] = {}  # ticket -> how it left: each at most once
         self.clock = 0.0
 
@@ -58,10 +65,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.outcome[ticket] = how
         self.queued.discard(ticket)
 
+    def handed_back(self, decision: _native.Decision, how: str) -> None:
+        assert decision.ticket in self.queued
+        assert decision.payload is self.payloads.pop(decision.ticket)
+        self.settle(decision.ticket, how)
+
     def dispatched(self, decisions: list) -> None:
         for decision in decisions:
-            assert decision.ticket in self.queued
-            self.settle(decision.ticket, "dispatched")
+            assert self.status[decision.actor] == "alive"
+            self.handed_back(decision, "dispatched")
             self.running[decision.actor] += 1
         self.check_slots({decision.actor for decision in decisions})
 
@@ -77,8 +89,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert isinstance(err.__cause__, LookupError)
             self.dispatched(err.dispatched)
             for decision in err.failed:
-                assert decision.ticket in self.queued
-                self.settle(decision.ticket, "failed")
+                self.handed_back(decision, "failed")
         else:
             self.dispatched(decisions)
 
@@ -86,10 +97,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def submit(self, data: st.DataObject, affinity: int | None) -> None:
         group = data.draw(st.sampled_from(self.groups))
         members = self.scheduler.group_members(group)
+        payload = object()
         try:
-            decision = self.scheduler.submit(group, affinity)
+            decision = self.scheduler.submit(group, affinity, payload, self.clock)
         except _native.NoLiveActors:
-            assert not any(self.alive[a] for a in members)
+            assert all(self.status[a] == "dead" for a in members)
             return
         except LookupError:
             assert affinity == 0  # the picker failed; nothing was counted
@@ -97,8 +109,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert decision.ticket not in self.outcome and decision.ticket not in self.queued
         if decision.actor < 0:
             self.queued.add(decision.ticket)
+            self.payloads[decision.ticket] = payload
             return
-        assert decision.actor in members and self.alive[decision.actor]
+        assert decision.actor in members and self.status[decision.actor] == "alive"
+        ejected = self.scheduler.ejected()
+        if ejected[decision.actor]:  # only when no member that is not ejected had a free slot
+            loads = self.scheduler.in_flight()
+            assert not any(
+                self.status[a] == "alive" and not ejected[a] and a != decision.actor
+                and (not self.slots or loads[a] < self.slots)
+                for a in members
+            )
         self.outcome[decision.ticket] = "dispatched"
         self.running[decision.actor] += 1
         self.check_slots({decision.actor})
@@ -109,7 +130,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         actor = data.draw(st.sampled_from([a for a in range(self.num_actors) if self.running[a]]))
         self.clock += 0.01
         self.running[actor] -= 1
-        self.drained(lambda: self.scheduler.complete(actor, self.clock - duration, self.clock, ok))
+        if data.draw(st.booleans()):
+            self.drained(
+                lambda: self.scheduler.complete(actor, self.clock - duration, self.clock, ok)
+            )
+        else:  # as with a Python Balancer: the drain comes later, from another thread
+            assert self.scheduler.complete(actor, self.clock - duration, self.clock, ok,
+                                           drain=False) == []
+            self.drained(lambda: self.scheduler.drain(actor))
+
+    @precondition(lambda self: any(self.running))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        actor = data.draw(st.sampled_from([a for a in range(self.num_actors) if self.running[a]]))
+        self.running[actor] -= 1
+        self.drained(lambda: self.scheduler.release(actor))
 
     @rule(data=st.data())
     def complete_too_often(self, data: st.DataObject) -> None:
@@ -137,20 +172,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         cancelled = self.scheduler.cancel(ticket)
         assert cancelled == (ticket in self.queued)
         if cancelled:
+            self.payloads.pop(ticket)
             self.settle(ticket, "cancelled")
 
-    @rule(data=st.data())
-    def mark_dead(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), restarting=st.booleans())
+    def mark_dead(self, data: st.DataObject, restarting: bool) -> None:
         actor = data.draw(st.integers(0, self.num_actors - 1))
-        self.alive[actor] = False
-        for decision in self.scheduler.mark_dead(actor):
-            assert decision.ticket in self.queued
-            self.settle(decision.ticket, "orphaned")
+        before = self.status[actor]
+        orphaned = self.scheduler.mark_dead(actor, restarting)
+        if before == "alive" or (before == "restarting" and not restarting):
+            self.status[actor] = "restarting" if restarting else "dead"
+        self.alive[actor] = self.status[actor] == "alive"
+        if restarting:
+            assert orphaned == []
+        for decision in orphaned:
+            self.handed_back(decision, "orphaned")
 
     @rule(data=st.data())
     def mark_alive(self, data: st.DataObject) -> None:
         actor = data.draw(st.integers(0, self.num_actors - 1))
         self.alive[actor] = True
+        self.status[actor] = "alive"
         self.drained(lambda: self.scheduler.mark_alive(actor))
 
     @rule(data=st.data())
@@ -168,6 +210,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert min(self.running, default=0) >= 0
         assert self.scheduler.queued() == len(self.queued)
         assert self.scheduler.alive() == self.alive
+        assert self.scheduler.status() == self.status
 
     @invariant()
     def latencies_are_unset_or_non_negative(self) -> None:
@@ -180,6 +223,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         for actor in range(self.num_actors):
             self.alive[actor] = True
+            self.status[actor] = "alive"
             self.drained(lambda actor=actor: self.scheduler.mark_alive(actor))
         while any(self.running):
             actor = next(a for a in range(self.num_actors) if self.running[a])
@@ -187,7 +231,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.drained(lambda actor=actor: self.scheduler.complete(actor, 0.0, 1.0, True))
         assert self.scheduler.in_flight() == [0] * self.num_actors
         assert self.scheduler.queued() == 0
-        assert not self.queued
+        assert not self.queued and not self.payloads
         assert set(self.outcome) == set(range(1, max(self.outcome, default=0) + 1))
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
+
+import ray
 
 import actormesh as am
 
@@ -23,6 +27,35 @@ def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.01)
 
 
+@ray.remote(num_cpus=0)
+class Signal:
+    """A one-shot event tests and actors share: actors `wait()` until the test calls `send()`."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._waiting = 0
+
+    async def wait(self) -> None:
+        self._waiting += 1
+        await self._event.wait()
+
+    def send(self) -> None:
+        self._event.set()
+
+    def waiting(self) -> int:
+        """How many calls are waiting (or have waited) on the signal."""
+        return self._waiting
+
+
+def signal() -> Any:
+    return Signal.remote()  # type: ignore[attr-defined]
+
+
+def waiters(sig: Any, count: int, timeout: float = 60.0) -> None:
+    """Wait until `count` calls are blocked on `sig`: they have started on their actors."""
+    wait_until(lambda: ray.get(sig.waiting.remote(), timeout=timeout) >= count, timeout)
+
+
 class Worker:
     """A synchronous actor: one call at a time, so in-flight counts are queue depths."""
 
@@ -31,6 +64,45 @@ class Worker:
         self.env_at_init = {name: os.environ.get(name) for name in ENV_NAMES}
         point = am.current_rank()
         self.point_at_init = (point.rank, point.coords, dict(point.shape), point.world_size)
+        self.init_thread = threading.get_ident()
+        self.local = threading.local()
+        self.local.set_in_init = True
+        self.executions: Counter[int] = Counter()
+
+    @am.method
+    def block(self, sig: Any) -> int:
+        """Hold the actor until `sig` is sent; returns the rank."""
+        ray.get(sig.wait.remote())
+        return am.current_rank().rank
+
+    @am.method
+    def block_then_length(self, sig: Any, value: Any) -> int:
+        ray.get(sig.wait.remote())
+        return len(value)
+
+    @am.method
+    def threading_seen(self) -> tuple[bool, bool]:
+        """(runs on the thread that ran __init__, sees thread-local state set in __init__)"""
+        return threading.get_ident() == self.init_thread, getattr(self.local, "set_in_init", False)
+
+    @am.method
+    def counted(self, x: int) -> tuple[int, int]:
+        """Counts its executions per input; returns (x, pid)."""
+        self.executions[x] += 1
+        return x, os.getpid()
+
+    @am.method
+    def execution_counts(self) -> dict[int, int]:
+        return dict(self.executions)
+
+    @am.method
+    def fail_on(self, rank: int, seconds: float) -> int:
+        """Raises at once on `rank`; elsewhere sleeps `seconds` and returns the rank."""
+        me = am.current_rank().rank
+        if me == rank:
+            raise RuntimeError(f"rank {me} always fails")
+        time.sleep(seconds)
+        return me
 
     @am.method
     def f(self, x: int) -> int:
@@ -109,6 +181,19 @@ class Worker:
 class AsyncWorker:
     """An async actor: its methods are coroutines."""
 
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+
+    @am.method
+    async def wait_open(self) -> str:
+        """Returns once `open_gate` ran: only an async actor can serve both at once."""
+        await self.opened.wait()
+        return "opened"
+
+    @am.method
+    async def open_gate(self) -> None:
+        self.opened.set()
+
     @am.method
     async def g(self, x: int) -> str:
         await asyncio.sleep(0)
@@ -118,3 +203,25 @@ class AsyncWorker:
     async def twice(self, x: int) -> str:
         first = await self.g(x)  # a decorated async method awaited directly inside the actor
         return first * 2
+
+
+class ComesBackOnSignal(Worker):
+    """A restarted incarnation finishes `__init__` only once `sig` is sent."""
+
+    def __init__(self, sig: Any) -> None:
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            ray.get(sig.wait.remote())
+        super().__init__()
+
+
+class Box:
+    """A value whose lifetime a test can watch with a weak reference."""
+
+    def __init__(self, payload: int) -> None:
+        self.payload = payload
+
+
+class Boxes:
+    @am.method
+    def box(self, payload: int) -> Box:
+        return Box(payload)

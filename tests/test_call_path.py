@@ -1,0 +1,574 @@
+"""The call path without Ray: fake actor handles whose calls the test ends by hand, in the order
+it chooses, on a thread that stands for Ray's completion thread.
+
+What is checked: a queued call is sent when a slot frees (from the library's loop thread, never
+from the completion thread), cancels and timeouts in every order against that send, shutdown,
+deaths and incarnations, restarts with hooks, callbacks that raise, outlier ejection, and that
+every call ends exactly once with every slot given back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import gc
+import logging
+import queue
+import threading
+import types
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+from ray.exceptions import ActorDiedError as RayActorDiedError
+from ray.exceptions import RayTaskError
+
+import actormesh as am
+from actormesh import _calls, _future, _loop, _native, _ray
+from actormesh._balancer import AffinityKeys, make_scheduler
+from actormesh._calls import Router
+from actormesh._method import CallOptions, MeshMethod, Target
+from actormesh._shape import Point, Shape
+
+# -- the harness ----------------------------------------------------------------------------
+
+
+class FakeRef:
+    """What `handle.f.remote(...)` returns: the test ends it with `finish`."""
+
+    def __init__(self, handle: FakeHandle, method: str, args: tuple[Any, ...]) -> None:
+        self.handle, self.method, self.args = handle, method, args
+        self.callback: Callable[[BaseException | None], None] | None = None
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.kind = _ray.OK
+
+    def _on_ready(self, callback: Callable[[BaseException | None], None]) -> None:
+        self.callback = callback
+
+
+class FakeHandle:
+    def __init__(self, actor: int, harness: Harness) -> None:
+        self.actor = actor
+        self.harness = harness
+        self.sent: list[FakeRef] = []
+
+    def __getattr__(self, method: str) -> Any:
+        handle = self
+
+        class Remote:
+            @staticmethod
+            def remote(*args: Any, **kwargs: Any) -> FakeRef:
+                ref = FakeRef(handle, method, args)
+                handle.sent.append(ref)
+                handle.harness.sent_from.append(threading.current_thread().name)
+                return ref
+
+        return Remote()
+
+
+class Harness:
+    """A router over fake handles, a `MeshMethod` to call through, and a "Ray" thread."""
+
+    def __init__(self, actors: int, *, balancer: Any = "least_loaded",
+                 max_in_flight: int | None = None, restart_timeout_s: float = 60.0) -> None:
+        self.sent_from: list[str] = []
+        self.handles = [FakeHandle(a, self) for a in range(actors)]
+        shape = Shape({"rank": actors})
+        scheduler = make_scheduler(actors, balancer, max_in_flight, AffinityKeys())
+        self.router = Router(self.handles, [Point(r, shape) for r in range(actors)], scheduler,
+                             defer_drain=isinstance(balancer, am.Balancer),
+                             restart_timeout_s=restart_timeout_s)
+        self.target = Target(shape, tuple(range(actors)), self.router, "Fake", object,
+                             AffinityKeys(), False)
+        self.ray_thread = _RayThread()
+
+    def method(self, name: str = "f", **options: Any) -> MeshMethod[..., Any]:
+        return MeshMethod(self.target, name, CallOptions(**options))
+
+    def view(self, *actors: int) -> MeshMethod[..., Any]:
+        target = Target(Shape({"rank": len(actors)}), actors, self.router, "Fake", object,
+                        AffinityKeys(), False)
+        return MeshMethod(target, "f", CallOptions())
+
+    @property
+    def scheduler(self) -> _native.Scheduler:
+        return self.router.scheduler
+
+    def pending(self, actor: int) -> list[FakeRef]:
+        return [r for r in self.handles[actor].sent if r.callback is not None]
+
+    def finish(self, ref: FakeRef, value: Any = None, *, kind: int = _ray.OK,
+               error: BaseException | None = None, lost: BaseException | None = None) -> None:
+        """End the call behind `ref` on the "Ray" thread: a value, an error of `kind`, or
+        (`lost`) a value that will never exist."""
+        ref.value, ref.kind, ref.error = value, kind, error
+        callback, ref.callback = ref.callback, None
+        assert callback is not None, "a call ended twice"
+        self.ray_thread.run(lambda: callback(lost))
+        settle()
+
+    def finish_all(self, actor: int, value: Any = None) -> None:
+        for ref in self.pending(actor):
+            self.finish(ref, value)
+
+
+class _RayThread:
+    """One thread that runs completions, as Ray's core worker does."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="fake-ray", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            work = self._work.get()
+            if work is None:
+                return
+            work()
+            del work  # hold nothing of a finished call, as Ray does not
+
+    def run(self, work: Callable[[], None]) -> None:
+        done = threading.Event()
+
+        def step() -> None:
+            try:
+                work()
+            finally:
+                done.set()
+
+        self._work.put(step)
+        assert done.wait(10), "the completion thread is stuck"
+
+
+def settle() -> None:
+    """Let the loop thread run what was posted to it, and what that posted in turn."""
+    for _ in range(5):
+        _loop.submit(asyncio.sleep(0)).result(10)
+
+
+def _fake_get(ref: Any, timeout: float | None = None) -> Any:
+    if isinstance(ref, list):
+        return [_fake_get(r) for r in ref]
+    if ref.error is not None:
+        raise ref.error
+    return ref.value
+
+
+@pytest.fixture(autouse=True)
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Reads go to the fake refs; the outcome of a call is the one the test gave it."""
+    fake = types.SimpleNamespace(get=_fake_get)
+    monkeypatch.setattr(_calls, "ray", fake)
+    monkeypatch.setattr(_future, "ray", fake)
+    monkeypatch.setattr(_ray, "outcome", lambda ref: ref.kind)
+    yield
+
+
+def raised(message: str) -> RayTaskError:
+    return RayTaskError("f", "Traceback: ...", ValueError(message))
+
+
+def assert_idle(h: Harness) -> None:
+    settle()
+    assert h.scheduler.in_flight() == [0] * len(h.handles)
+    assert h.scheduler.queued() == 0
+
+
+# -- sending and queueing -------------------------------------------------------------------
+def test_a_call_is_sent_at_once_when_a_slot_is_free_and_its_value_read_on_get() -> None:
+    h = Harness(2)
+    future = h.method().choose(7)
+    [ref] = h.pending(0)
+    assert ref.args == (7,)
+    h.finish(ref, 14)
+    assert future.get(timeout=5) == 14
+    assert_idle(h)
+
+
+def test_a_queued_call_is_sent_from_the_loop_thread_when_a_slot_frees() -> None:
+    h = Harness(1, max_in_flight=1)
+    first = h.method().choose(1)
+    second = h.method().choose(2)
+    assert len(h.handles[0].sent) == 1 and h.scheduler.queued() == 1
+    h.finish(h.pending(0)[0], "one")
+    [ref] = h.pending(0)
+    assert ref.args == (2,)
+    assert h.sent_from == ["MainThread", "actormesh-loop"]
+    h.finish(ref, "two")
+    assert (first.get(timeout=5), second.get(timeout=5)) == ("one", "two")
+    assert_idle(h)
+
+
+def test_a_cancelled_queued_call_is_never_sent() -> None:
+    h = Harness(1, max_in_flight=1)
+    running = h.method().choose(1)
+    queued = h.method().choose(2)
+    queued.cancel()
+    with pytest.raises(cf.CancelledError):
+        queued.get(timeout=5)
+    h.finish_all(0, "done")
+    assert running.get(timeout=5) == "done"
+    assert [r.args for r in h.handles[0].sent] == [(1,)]
+    assert_idle(h)
+
+
+def test_a_call_cancelled_after_its_slot_was_given_but_before_it_was_sent_gives_it_back() -> None:
+    h = Harness(1, max_in_flight=1)
+    h.method().choose(1)
+    queued = h.method().choose(2)
+    # The slot goes to the queued call on the "Ray" thread; the send waits for the loop thread,
+    # which the test holds while it cancels.
+    held = threading.Event()
+    release = threading.Event()
+    _loop.post(lambda: (held.set(), release.wait(10)))
+    assert held.wait(10)
+    ref = h.pending(0)[0]
+    callback, ref.callback = ref.callback, None
+    assert callback is not None
+    h.ray_thread.run(lambda: callback(None))
+    queued.cancel()
+    release.set()
+    settle()
+    assert [r.args for r in h.handles[0].sent] == [(1,)]
+    assert_idle(h)
+
+
+def test_close_fails_the_queued_calls_and_refuses_new_ones() -> None:
+    h = Harness(1, max_in_flight=1)
+    running = h.method().choose(1)
+    queued = h.method().choose(2)
+    h.router.close("the mesh is gone")
+    with pytest.raises(am.MeshError, match="the mesh is gone"):
+        queued.get(timeout=5)
+    with pytest.raises(am.MeshError, match="shut down"):
+        h.method().choose(3)
+    h.finish_all(0, "late")
+    assert running.get(timeout=5) == "late"
+
+
+def test_a_call_whose_value_is_lost_fails_and_frees_its_slot() -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+    h.finish(h.pending(0)[0], lost=RayActorDiedError())
+    with pytest.raises(am.ActorDiedError, match="rank 0"):
+        future.get(timeout=5)
+    assert_idle(h)
+
+
+# -- timeouts -------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 0, -1.0, True, "1"])
+def test_a_timeout_that_is_not_a_finite_positive_number_is_refused(bad: Any) -> None:
+    h = Harness(1)
+    with pytest.raises(ValueError, match="timeout="):
+        h.method().options(timeout=bad)
+
+
+def test_a_timeout_fails_a_call_in_flight_and_its_late_end_frees_the_slot() -> None:
+    h = Harness(1)
+    future = h.method(timeout=0.05).choose(1)
+    with pytest.raises(am.MeshTimeoutError, match="timeout=0.05"):
+        future.get(timeout=5)
+    assert h.scheduler.in_flight() == [1]
+    h.finish_all(0, "late")
+    with pytest.raises(am.MeshTimeoutError):
+        future.get(timeout=5)
+    assert_idle(h)
+
+
+def test_a_timeout_keeps_nothing_alive_once_its_call_has_ended() -> None:
+    h = Harness(1)
+    future = h.method(timeout=600).choose(1)
+
+    class Value:
+        pass
+
+    value = Value()
+    h.finish(h.pending(0)[0], value)
+    assert future.get(timeout=5) is value
+    alive = weakref.ref(value)
+    del future, value
+    h.handles[0].sent.clear()  # the harness's own record of the call
+    settle()
+    gc.collect()
+    assert alive() is None
+
+
+# -- callbacks --------------------------------------------------------------------------------
+def test_a_done_callback_that_raises_is_logged_and_the_others_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+    ran: list[str] = []
+    all_ran = threading.Event()
+
+    def bad(_: am.MeshFuture[Any]) -> None:
+        ran.append("bad")
+        raise KeyError("callback bug")
+
+    def good(f: am.MeshFuture[Any]) -> None:
+        ran.append(f"good {f.get(timeout=5)} on {threading.current_thread().name}")
+        all_ran.set()
+
+    future.add_done_callback(bad)
+    future.add_done_callback(good)
+    with caplog.at_level(logging.ERROR, logger="actormesh"):
+        h.finish(h.pending(0)[0], 2)
+        assert all_ran.wait(10)
+    assert ran == ["bad", "good 2 on actormesh-user"]
+    assert "callback bug" in caplog.text
+
+    async def awaited() -> Any:
+        return await future
+
+    assert asyncio.run(awaited()) == 2
+
+
+def test_callbacks_never_run_on_the_completion_thread() -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+    seen: list[str] = []
+    done = threading.Event()
+    future.add_done_callback(lambda _: (seen.append(threading.current_thread().name), done.set()))
+    h.finish(h.pending(0)[0], 1)
+    assert done.wait(10)
+    assert seen == ["actormesh-user"]
+
+
+# -- as_completed and all ---------------------------------------------------------------------
+def test_as_completed_on_a_call_that_failed_before_it_was_sent_raises_its_error() -> None:
+    h = Harness(1)
+    h.scheduler.mark_dead(0)
+    future = h.method().choose(1)
+    with pytest.raises(am.NoLiveActorsError):
+        list(future.as_completed(timeout=5))
+
+
+def test_all_fails_at_the_first_error_and_later_ends_free_their_slots() -> None:
+    h = Harness(3)
+    future = h.method().all(1)
+    h.finish(h.pending(1)[0], kind=_ray.RAISED, error=raised("rank one"))
+    with pytest.raises(am.ActorError, match="rank 1 .* rank one"):
+        future.get(timeout=5)
+    h.finish_all(0, 0)
+    h.finish_all(2, 2)
+    assert_idle(h)
+
+
+def test_all_combines_on_the_loop_thread_in_rank_order() -> None:
+    h = Harness(3)
+    future = h.method().all(1)
+    for actor in (2, 0, 1):
+        h.finish_all(actor, actor * 10)
+    assert list(future.get(timeout=5)) == [0, 10, 20]
+
+
+# -- deaths, incarnations, restarts ---------------------------------------------------------
+def test_a_death_stops_routing_before_its_slot_is_freed() -> None:
+    h = Harness(2, balancer="pull", max_in_flight=1)
+    doomed = h.method().choose(1)
+    other = h.method().choose(2)
+    queued = h.method().choose(3)
+    victim = doomed_actor = next(a for a in (0, 1) if h.pending(a)[0].args == (1,))
+    h.finish(h.pending(doomed_actor)[0], kind=_ray.DIED, error=RayActorDiedError())
+    with pytest.raises(am.ActorDiedError):
+        doomed.get(timeout=5)
+    assert h.pending(victim) == []  # the queued call did not follow it there
+    h.finish_all(1 - victim, "survivor")
+    assert other.get(timeout=5) == "survivor"
+    h.finish_all(1 - victim, "queued")
+    assert queued.get(timeout=5) == "queued"
+
+
+def test_a_late_failure_from_an_earlier_incarnation_is_ignored() -> None:
+    h = Harness(1)
+    old = h.method().choose(1)
+    failures = h.router.failures
+    _loop.post(failures.on_state, 0, _ray.RESTARTING, 1, "")
+    _loop.post(failures.on_state, 0, _ray.ALIVE, 1, "")
+    settle()
+    assert h.scheduler.status() == ["alive"]
+    h.finish(h.pending(0)[0], kind=_ray.DIED, error=RayActorDiedError())
+    with pytest.raises(am.ActorDiedError):
+        old.get(timeout=5)
+    assert h.scheduler.status() == ["alive"]
+    fresh = h.method().choose(2)
+    h.finish_all(0, "fresh")
+    assert fresh.get(timeout=5) == "fresh"
+
+
+def test_calls_only_a_restarting_actor_can_serve_wait_for_it() -> None:
+    h = Harness(2)
+    only_one = h.view(1)
+    _loop.post(h.router.failures.on_state, 1, _ray.RESTARTING, 1, "")
+    settle()
+    waiting = only_one.choose(5)
+    assert h.pending(1) == [] and not waiting.done()
+    _loop.post(h.router.failures.on_state, 1, _ray.ALIVE, 1, "")
+    settle()
+    h.finish_all(1, "back")
+    assert waiting.get(timeout=5) == "back"
+
+
+def test_a_restart_that_takes_too_long_fails_the_waiting_calls_clearly() -> None:
+    h = Harness(1, restart_timeout_s=0.05)
+    _loop.post(h.router.failures.on_state, 0, _ray.RESTARTING, 1, "")
+    settle()
+    waiting = h.method().choose(5)
+    with pytest.raises(am.NoLiveActorsError, match="restart_timeout_s=0.05"):
+        waiting.get(timeout=10)
+
+
+def test_a_dead_notice_fails_the_calls_waiting_for_the_actor() -> None:
+    h = Harness(1)
+    _loop.post(h.router.failures.on_state, 0, _ray.RESTARTING, 1, "")
+    settle()
+    waiting = h.method().choose(5)
+    _loop.post(h.router.failures.on_state, 0, _ray.DEAD, 1, "killed by ray.kill")
+    with pytest.raises(am.NoLiveActorsError, match="killed by ray.kill"):
+        waiting.get(timeout=10)
+
+
+def test_a_restart_hook_runs_on_the_user_thread_before_routing_and_may_wait_on_the_mesh() -> None:
+    h = Harness(1)
+    events: list[str] = []
+
+    def hook(actor: int) -> None:
+        events.append(f"hook on {threading.current_thread().name}")
+        call = h.view(actor).all(0)  # a direct call reaches the actor while choose does not
+        threading.Thread(target=lambda: (settle(), h.finish_all(actor, "warm"))).start()
+        events.append(f"hook saw {list(call.get(timeout=10))}")
+
+    h.router.failures.on_restart = hook
+    _loop.post(h.router.failures.on_state, 0, _ray.RESTARTING, 1, "")
+    settle()
+    waiting = h.method().choose(1)
+    _loop.post(h.router.failures.on_state, 0, _ray.ALIVE, 1, "")
+    for _ in range(200):  # the hook runs, then the waiting call is sent
+        settle()
+        if [r.args for r in h.pending(0)] == [(1,)]:
+            break
+    h.finish_all(0, "routed")
+    assert waiting.get(timeout=10) == "routed"
+    assert events == ["hook on actormesh-user", "hook saw ['warm']"]
+
+
+def test_a_restart_hook_that_raises_is_logged_and_the_actor_is_used_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(1)
+
+    def hook(actor: int) -> None:
+        raise OSError("could not rejoin")
+
+    h.router.failures.on_restart = hook
+    with caplog.at_level(logging.ERROR, logger="actormesh"):
+        _loop.post(h.router.failures.on_state, 0, _ray.RESTARTING, 1, "")
+        _loop.post(h.router.failures.on_state, 0, _ray.ALIVE, 1, "")
+        for _ in range(100):
+            settle()
+            if h.scheduler.status() == ["alive"] and "could not rejoin" in caplog.text:
+                break
+    assert h.scheduler.status() == ["alive"]
+    assert "on_restart of rank 0" in caplog.text
+
+
+def test_retries_resend_a_call_whose_actor_died_once_and_only_once() -> None:
+    h = Harness(2, balancer="least_loaded")
+    future = h.method(retries=1).choose(4)
+    first = next(a for a in (0, 1) if h.pending(a))
+    h.finish(h.pending(first)[0], kind=_ray.DIED, error=RayActorDiedError())
+    [resent] = h.pending(1 - first)
+    assert resent.args == (4,)
+    h.finish(resent, "answered")
+    assert future.get(timeout=5) == "answered"
+    assert sum(len(handle.sent) for handle in h.handles) == 2
+
+
+# -- the balancer sees failures ---------------------------------------------------------------
+def test_an_actor_that_fails_fast_is_ejected_and_draws_little_traffic() -> None:
+    h = Harness(3, balancer="least_loaded")
+    sent_to = [0, 0, 0]
+    futures = []
+    for i in range(60):
+        futures.append(h.method().choose(i))
+        for actor in range(3):
+            for ref in h.pending(actor):
+                sent_to[actor] += 1
+                if actor == 0:  # answers at once, always with an error
+                    h.finish(ref, kind=_ray.RAISED, error=raised("bad actor"))
+        if i % 2:  # the others answer every other round
+            for actor in (1, 2):
+                h.finish_all(actor, actor)
+    h.finish_all(1, 1)
+    h.finish_all(2, 2)
+    assert sent_to[0] <= 6, sent_to  # ejected after 5 failures in a row
+    assert h.scheduler.ejected()[0]
+
+
+def test_a_python_balancer_never_runs_on_the_completion_thread() -> None:
+    threads: list[str] = []
+
+    class First(am.Balancer):
+        def pick(self, loads: Sequence[am.ActorLoad], affinity: object) -> int:
+            threads.append(threading.current_thread().name)
+            return 0
+
+    h = Harness(1, balancer=First(), max_in_flight=1)
+    h.method().choose(1)
+    queued = h.method().choose(2)
+    h.finish_all(0, "one")
+    h.finish_all(0, "two")
+    assert queued.get(timeout=5) == "two"
+    assert "fake-ray" not in threads and "actormesh-loop" in threads
+
+
+# -- every call ends once ---------------------------------------------------------------------
+def test_a_failure_inside_the_completion_path_still_settles_the_call(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+
+    def broken(ref: Any) -> int:
+        raise RuntimeError("bug while reading the outcome")
+
+    monkeypatch.setattr(_ray, "outcome", broken)
+    with caplog.at_level(logging.ERROR, logger="actormesh"):
+        h.finish(h.pending(0)[0], 1)
+    with pytest.raises(RuntimeError, match="bug while reading"):
+        future.get(timeout=5)
+    assert "ending f failed" in caplog.text
+
+
+def test_many_calls_with_cancels_and_timeouts_in_every_order_end_once_and_free_every_slot() -> None:
+    import random
+
+    rng = random.Random(3)
+    h = Harness(3, balancer="pull", max_in_flight=1)
+    futures = []
+    for i in range(300):
+        timeout = rng.choice([None, None, 0.001])
+        method = h.method(timeout=timeout) if timeout else h.method()
+        futures.append(method.choose(i))
+        if rng.random() < 0.2:
+            rng.choice(futures).cancel()
+        if rng.random() < 0.6:
+            busy = [a for a in range(3) if h.pending(a)]
+            if busy:
+                actor = rng.choice(busy)
+                h.finish(h.pending(actor)[0], ("ok", actor))
+    while any(h.pending(a) for a in range(3)):
+        for actor in range(3):
+            h.finish_all(actor, ("ok", actor))
+    for future in futures:
+        try:
+            future.get(timeout=5)
+        except (cf.CancelledError, am.MeshTimeoutError):
+            pass
+    sends = [r.args[0] for handle in h.handles for r in handle.sent]
+    assert len(sends) == len(set(sends))  # no call sent twice
+    assert_idle(h)
