@@ -24,19 +24,21 @@ def seconds(label: str, value: float) -> float:
     return float(value)
 
 
-def backend(value: str | None, actors_have_gpus: bool, what: str) -> str:
-    """The backend to use: `value`, or nccl/gloo by `actors_have_gpus` when None.
-
-    nccl is refused unless `actors_have_gpus` and the cluster has GPUs (`what` names the actors
-    in the error).
-    """
+def backend(value: str | None, actors_have_gpus: bool) -> str:
+    """A world's backend: `value`, or nccl/gloo by `actors_have_gpus` when None. nccl is refused
+    unless the actors ask for GPUs and the cluster has some."""
     if value is None:
         value = "nccl" if actors_have_gpus else "gloo"
-    elif value not in BACKENDS:
-        raise ValueError(f"backend={value!r}: unknown; use one of {list(BACKENDS)} (or None)")
+    if value == "nccl" and not actors_have_gpus:
+        raise ValueError("backend='nccl' needs GPUs, and the actors ask for none (num_gpus=)")
+    return link_backend(value)
+
+
+def link_backend(value: str) -> str:
+    """A link's backend: a known one, and nccl only on a cluster with GPUs."""
+    if value not in BACKENDS:
+        raise ValueError(f"backend={value!r}: unknown; use one of {list(BACKENDS)}")
     if value == "nccl":
-        if not actors_have_gpus:
-            raise ValueError(f"backend='nccl' needs GPUs, and {what} ask for none (num_gpus=)")
         if not ray.is_initialized():
             ray.init()  # as ActorMesh would, to see the cluster
         if not _cluster_resources().get("GPU", 0):

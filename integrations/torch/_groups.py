@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import ProcessGroup, Store
@@ -39,7 +39,6 @@ class WorldGroups:
     info: TorchWorld
     dims: dict[str, ProcessGroup]
     store: Store
-    setup: Any  # the WorldSetup it was joined with, to rejoin later
 
 
 @dataclasses.dataclass(frozen=True)

@@ -200,12 +200,12 @@ class Link:
         """Destroy the group in every live member and forget the link."""
         with self._lock:
             forget_link(self)
-            futures = [m.run_in_actors(close_link, self._name) for m in self._meshes]
-        for future in futures:
-            try:
-                future.get(timeout=self._timeout_s + _SETTLE_S)
-            except Exception as err:  # a dead member has no group left to destroy
-                log.info("link %r: closing in a member failed: %s", self._name, err)
+            for mesh in self._meshes:
+                try:
+                    mesh.run_in_actors(close_link, self._name).get(
+                        timeout=self._timeout_s + _SETTLE_S)
+                except Exception as err:  # a dead member, a shut mesh: no group left there
+                    log.info("link %r: closing in %r failed: %s", self._name, mesh, err)
 
     def __repr__(self) -> str:
         return f"Link({self._name!r}, size={self.size}, backend={self._backend!r})"
@@ -227,6 +227,11 @@ def link(*meshes: am.ActorMesh[Any], name: str, backend: str = "gloo",
     and the engines ranks 1.., the weight-sync topology of RL frameworks. The actors may be of
     any mesh, in a torch world or not. Collectives on the group time out after `timeout_s`.
     Returns once every member has joined.
+
+    When an actor of a `TorchMesh` restarts, the links that include it form again before the
+    mesh's `on_restart` runs; for an actor of a plain `ActorMesh`, call `reform()` from that
+    mesh's `on_restart`. The link holds its meshes until `close()` (or until a `TorchMesh` among
+    them shuts down).
     """
     if not meshes:
         raise ValueError(f"link {name!r}: give at least one mesh or view")
@@ -237,7 +242,7 @@ def link(*meshes: am.ActorMesh[Any], name: str, backend: str = "gloo",
         raise ValueError(f"link name {name!r}: must be a non-empty string")
     timeout_s = _checks.seconds("timeout_s", timeout_s)
     _check_members(meshes, name)
-    chosen = _checks.backend(backend, actors_have_gpus=True, what="the linked actors")
+    chosen = _checks.link_backend(backend)
     lk = Link(meshes, name, chosen, timeout_s)
     with _registry_lock:
         for member in lk._members:

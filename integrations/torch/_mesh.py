@@ -98,7 +98,7 @@ class TorchMesh(am.ActorMesh[T]):
         join_timeout_s = _checks.seconds("join_timeout_s", join_timeout_s)
         gpus = bool(mesh_options.get("num_gpus")) or _checks.placement_has_gpus(
             mesh_options.get("placement"))
-        chosen = _checks.backend(backend, gpus, "the actors")
+        chosen = _checks.backend(backend, gpus)
         _checks.init_args(actor_cls, tuple(mesh_options.get("args", ())),
                           dict(mesh_options.get("kwargs") or {}))
         if not ray.is_initialized():

@@ -34,9 +34,6 @@ log = logging.getLogger("actormesh.torch")
 
 node_ip_address: Callable[[], str] = ray.util.get_node_ip_address
 
-TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                      "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
-
 
 @dataclasses.dataclass(frozen=True)
 class WorldSetup:
@@ -56,8 +53,13 @@ class WorldSetup:
         return ray.get_actor(self.world_id, namespace=self.namespace)
 
 
+_setup: WorldSetup | None = None  # this process's world, kept for rejoining
+
+
 def join(setup: WorldSetup) -> None:
     """Join the world as a new process (before `__init__`, at start-up or after a restart)."""
+    global _setup
+    _setup = setup
     _form(setup, None)
 
 
@@ -68,9 +70,9 @@ def rejoin(_instance: object, epoch: int) -> int | None:
     """
     with _groups.lock:
         current = _groups.world
-    if current is None or current.info.epoch >= epoch:
+    if _setup is None or (current is not None and current.info.epoch >= epoch):
         return None
-    return _form(current.setup, epoch)
+    return _form(_setup, epoch)
 
 
 def invite(handle: Any, epoch: int) -> Any:
@@ -182,7 +184,7 @@ def _enter(setup: WorldSetup, assignment: Assignment, store: Store | None) -> No
                               assignment.local_rank, assignment.local_world_size,
                               assignment.master_addr, assignment.master_port, setup.backend)
     with _groups.lock:
-        _groups.world = _groups.WorldGroups(setup.world_id, info, dims, store, setup)
+        _groups.world = _groups.WorldGroups(setup.world_id, info, dims, store)
     log.info("torch world: rank %d joined epoch %d at %s:%d", assignment.rank,
              assignment.epoch, assignment.master_addr, assignment.master_port)
 
