@@ -147,12 +147,17 @@ def clean(value: Any) -> Any:
     return value
 
 
-def unclean(value: Any) -> Any:
+# Keys whose null means "none" (no control, no such contender), not a number that was NaN.
+NULLABLE = {"control", "strongest", "best", "vs_strongest", "vs_random", "best_vs_strongest",
+            "no_control", "native_ns", "scan_ns", "dirty", "pooled"}
+
+
+def unclean(value: Any, key: str = "") -> Any:
     """Back from results.json: null metric values become NaN again."""
     if value is None:
-        return math.nan
+        return None if key in NULLABLE else math.nan
     if isinstance(value, dict):
-        return {k: unclean(v) for k, v in value.items()}
+        return {k: unclean(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [unclean(v) for v in value]
     return value
@@ -170,7 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.repeats:
         cfg = dataclasses.replace(cfg, repeats=args.repeats,
                                   tiny_repeats=max(args.repeats, 1))
-    ray_scenarios = [s for s in scenarios.build(cfg) if selected(s.name, args.only)]
+    ray_scenarios = [s for s in scenarios.build(cfg) if selected(s.name, args.only)
+                     and (args.only or s.name not in cfg.skip)]
     sides = side.selected(cfg.mode, args.only)
     do_dc = selected("decision_cost", args.only)
     do_sim = selected("sim", args.only)
@@ -467,8 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     args.argv = list(argv) if argv is not None else None
     if args.list:
-        for s in scenarios.build(scenarios.MODES[args.mode]):
-            print(f"{s.name:16} {s.title}")
+        cfg = scenarios.MODES[args.mode]
+        for s in scenarios.build(cfg):
+            print(f"{s.name:16} {s.title}" + (f" (not in --{cfg.mode} unless named by --only)"
+                                              if s.name in cfg.skip else ""))
         for name, what in SECTIONS.items():
             print(f"{name:16} {what}")
         for name, sd in side.SIDE.items():

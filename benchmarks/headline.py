@@ -19,11 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import stats
-from .contenders import BASELINES
+from .contenders import POLICIES
 
 DEFAULT = "pow2"
 RANDOM = "ray-random"
-POLICY_COUNT = 6
 
 # (scenario, metric) in the order they appear.
 RAY_ROWS = (
@@ -44,7 +43,7 @@ NAMES = {"ray-random": "random.choice", "ray-rr": "raw round robin", "ActorPool"
 def name(contender: str | None) -> str:
     if contender is None:
         return "–"
-    return NAMES.get(contender, f"am {contender}" if contender not in BASELINES else contender)
+    return NAMES.get(contender, f"am {contender}" if contender in POLICIES else contender)
 
 
 def value_text(metric: str, v: float | None, censored: bool = False) -> str:
@@ -85,6 +84,10 @@ def ray_row(scenario: dict[str, Any], metric: str) -> dict[str, Any] | None:
         values += "; p99 " + " · ".join(
             value_text("p99_ms", *estimate(p99, c)) for c in shown
             if estimate(p99, c)[0] is not None)
+    note = scenario.get("control_note")
+    if control is None and note:
+        pair = stats.find(comparison, "random", RANDOM)
+        note = f"none: {note}" + (f" (their ratio {stats.interval_text(pair)})" if pair else "")
     vs_strongest = stats.find(comparison, DEFAULT, strongest)
     vs_random = stats.find(comparison, DEFAULT, RANDOM) if strongest != RANDOM else None
     best_vs = stats.find(comparison, best, strongest) if best not in (None, DEFAULT) else None
@@ -99,38 +102,51 @@ def ray_row(scenario: dict[str, Any], metric: str) -> dict[str, Any] | None:
         "vs_random": vs_random.as_dict() if vs_random else None,
         "best_vs_strongest": best_vs.as_dict() if best_vs else None,
         "control": control.as_dict() if control else None,
+        "no_control": note,
         "verdict": stats.verdict(vs_strongest, control) if vs_strongest else "–",
     }
 
 
 def ray_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of the main table: the balancing scenarios', then side scenarios' rows that
+    carry ratios in the same form (`vs_strongest`, ...; see `benchmarks.side`)."""
     by_name = {s["name"]: s for s in results.get("scenarios", [])}
     rows = [ray_row(by_name[s], m) for s, m in RAY_ROWS if s in by_name]
+    rows += [{**r, "side": True} for r in _side_headline(results) if "vs_strongest" in r]
     return [r for r in rows if r]
 
 
-def side_rows(results: dict[str, Any]) -> list[list[str]]:
-    """The side scenarios' headline rows (see `benchmarks.side`): what, ratio, A/A, verdict."""
-    rows = []
+def _side_headline(results: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     for section in results.get("side", []):
         given = section.get("result", {}).get("headline") or []
         for h in [given] if isinstance(given, dict) else given:
-            if not isinstance(h, dict):
-                continue
-            value = h.get("value", h.get("median", math.nan))
-            r = stats.Ratio(str(h.get("metric", "")), "", "", float(value),
-                            float(h.get("lo", h.get("min", math.nan))),
-                            float(h.get("hi", h.get("max", math.nan))))
-            c = h.get("control")
-            noise = h.get("aa_noise")
-            control = (stats.Ratio("", "", "", 1.0, float(c["lo"]), float(c["hi"]))
-                       if isinstance(c, dict) else
-                       stats.Ratio("", "", "", 1.0, 1 - float(noise), 1 + float(noise))
-                       if isinstance(noise, (int, float)) else None)
-            text = stats.interval_text(r) + (f" ({h['text']})" if h.get("text") else "")
-            rows.append([f"{section.get('title', section['name'])}: {h.get('what', '')}", text,
-                         stats.interval_text(control) if control else "no control",
-                         stats.verdict(r, control) if control else "–"])
+            if isinstance(h, dict):
+                rows.append({**h, "section": section.get("title", section["name"])})
+    return rows
+
+
+def side_rows(results: dict[str, Any]) -> list[list[str]]:
+    """Side scenarios' simple headline rows (a ratio and a range, see `benchmarks.side`): what,
+    ratio, A/A, verdict."""
+    rows = []
+    for h in _side_headline(results):
+        if "vs_strongest" in h:
+            continue  # in the main table
+        value = h.get("value", h.get("median", math.nan))
+        r = stats.Ratio(str(h.get("metric", "")), "", "", float(value),
+                        float(h.get("lo", h.get("min", math.nan))),
+                        float(h.get("hi", h.get("max", math.nan))))
+        c = h.get("control")
+        noise = h.get("aa_noise")
+        control = (stats.Ratio("", "", "", 1.0, float(c["lo"]), float(c["hi"]))
+                   if isinstance(c, dict) else
+                   stats.Ratio("", "", "", 1.0, 1 - float(noise), 1 + float(noise))
+                   if isinstance(noise, (int, float)) else None)
+        text = stats.interval_text(r) + (f" ({h['text']})" if h.get("text") else "")
+        rows.append([f"{h['section']}: {h.get('what', '')}", text,
+                     stats.interval_text(control) if control else "no control",
+                     stats.verdict(r, control) if control else "–"])
     return rows
 
 
@@ -140,8 +156,8 @@ def _ratio(d: dict[str, Any] | None) -> stats.Ratio | None:
 
 def ray_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     header = ["scenario · metric", "values: default pow2 · strongest baseline · random.choice",
-              "pow2 ÷ strongest baseline", "pow2 ÷ random.choice",
-              f"best of {POLICY_COUNT} policies ÷ strongest (a selection)",
+              "default (pow2) ÷ strongest baseline", "pow2 ÷ random.choice",
+              f"best of {len(POLICIES)} policies ÷ strongest (a selection)",
               "A/A: am random ÷ random.choice"]
     body = []
     for r in rows:
@@ -150,16 +166,22 @@ def ray_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]
         best_cell = ("same as pow2" if best == DEFAULT else
                      f"{name(best)}: {ratio_cell(_ratio(r.get('best_vs_strongest')), control)}"
                      if r.get("best_vs_strongest") else "–")
-        strongest = f"vs {name(r.get('strongest'))}: " if r.get("strongest") else ""
+        vs = _ratio(r.get("vs_strongest"))
+        who = "" if vs is None or vs.contender in ("", DEFAULT) else f"{name(vs.contender)} "
+        strongest = f"{who}vs {name(r.get('strongest'))}: " if r.get("strongest") else ""
+        metric = r.get("metric")
+        title = (str(r.get("title", "")) if r.get("side") or metric not in stats.METRICS
+                 else f"{r['title']} · {stats.METRICS[metric].words}")
+        aa = (stats.interval_text(control) if control else
+              str(r.get("no_control", "no control in this run")))
         body.append([
-            f"{r['title']} · {stats.METRICS[r['metric']].words}"
-            if r.get("metric") in stats.METRICS else str(r.get("title", "")),
+            title,
             r.get("values", ""),
-            strongest + ratio_cell(_ratio(r.get("vs_strongest")), control),
+            strongest + ratio_cell(vs, control),
             ("strongest is random.choice" if r.get("strongest") == RANDOM
              else ratio_cell(_ratio(r.get("vs_random")), control)),
             best_cell,
-            stats.interval_text(control) if control else "no control in this run",
+            aa,
         ])
     return header, body
 

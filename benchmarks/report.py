@@ -229,8 +229,15 @@ def paragraph(scenario: dict[str, Any]) -> str:
             part.append(f"{label} {pooled(scenario, who, metric)}, "
                         f"{stats.interval_text(r)} against {named(against)}: "
                         f"{stats.verdict(r, control)};")
-        part.append(f"A/A control (am random ÷ random.choice) {stats.interval_text(control)}."
-                    if control else "no A/A control in this run (needs random and ray-random).")
+        if control:
+            part.append(f"A/A control (am random ÷ random.choice) {stats.interval_text(control)}.")
+        elif scenario.get("control_note"):
+            pair = stats.find(comp, "random", RANDOM)
+            part.append(f"No A/A control: {scenario['control_note']}"
+                        + (f"; their ratio {stats.interval_text(pair)}" if pair else "")
+                        + ". A ratio is a difference when its interval leaves out 1.")
+        else:
+            part.append("No A/A control in this run (it needs random and ray-random).")
         text.append(" ".join(part))
     if scenario["kind"] == "fault":
         text.append(fault_note(scenario))

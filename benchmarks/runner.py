@@ -245,7 +245,8 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
         samples, judged_on,
         contenders=[c.name for c in contenders if c.family == "actormesh"],
         baselines=[c.name for c in contenders if c.family != "actormesh"],
-        control=("random", "ray-random"), seed=_seed(scenario.name))
+        control=None if scenario.control_note else ("random", "ray-random"),
+        seed=_seed(scenario.name))
     return {
         "name": scenario.name,
         "title": scenario.title,
@@ -270,6 +271,7 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
         "metrics": list(judged_on),
         "slow_ms": scenario.slow_ms(),
         "comparisons": comparisons,
+        "control_note": scenario.control_note,
         "duration_s": time.perf_counter() - t_start,
     }
 
