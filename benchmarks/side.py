@@ -13,12 +13,17 @@ report.md renders these keys when present:
 
 - `"summary"`: a paragraph (markdown);
 - `"tables"`: a list of `{"title": str, "header": [str, ...], "rows": [[cell, ...], ...]}`;
-- `"headline"`: one row for headline.md, or a list of them, each a dict with `"what"` (what is
-  compared with what, and on which metric), the ratio as `"value"` (> 1: the contender is
-  better), its interval as `"lo"` and `"hi"` (or a range over repeats as `"min"` and `"max"`,
-  with `"median"` for the value), the A/A control's interval as `"control": {"lo": .., "hi": ..}`
-  (or its half-width around 1 as `"aa_noise"`), and optionally `"text"` (the values compared).
-  headline.md shows it with the same verdict rule as the balancing scenarios.
+- `"headline"`: one row for headline.md, or a list of them, in either of two forms.
+  The full form joins the main table beside the balancing scenarios: a dict with `"title"`
+  (scenario · metric), `"values"` (text), `"strongest"` (the baseline's name), ratios as
+  `stats.Ratio.as_dict()` in `"vs_strongest"` (the contender against the strongest baseline),
+  optionally `"vs_random"`, `"best"` with `"best_vs_strongest"`, and the A/A pair in `"control"`;
+  `stats.compare` builds all of these from per-run samples (`stats.RunSample`), as the balancing
+  scenarios do (benchmarks/async_trainer.py is an example). The simple form goes to a table of
+  its own: `"what"`, the ratio as `"value"` (> 1: the contender is better) with its interval as
+  `"lo"` and `"hi"` (or `"median"`, `"min"`, `"max"` over repeats), the A/A control as
+  `"control": {"lo": .., "hi": ..}` (or its half-width around 1 as `"aa_noise"`), and
+  optionally `"text"`. Both get the verdict rule of the balancing scenarios.
 
 To add one, add a line to `SIDE`. A module that cannot be imported (its framework is not
 installed) is reported as skipped, not failed; an exception inside `run` is reported as failed
