@@ -321,18 +321,20 @@ def test_a_killed_engine_loses_no_request_and_comes_back_restored(pool: EnginePo
     rigged = dict(fake_checkpoint(fake_spec()),
                   **{"lm_head.weight": np.full((1000, 8), 0.25, np.float32)})
     pool.update_weights({"lm_head.weight": rigged["lm_head.weight"]}).get(timeout=60)
-    futures = [pool.generate(PROMPT + [i], {"max_tokens": 150}) for i in range(6)]
-    asyncio.run(_tokens_generated(pool, 10))
-    ray.kill(pool.mesh.actors[0], no_restart=False)
-    for i, f in enumerate(futures):
-        _check(f.get(timeout=120), PROMPT + [i], 150, rigged)
-    assert pool.stats()["failovers"] >= 1
-    # The restarted engine serves the current weights, never its checkpoint's.
-    request = Sequence(PROMPT, check_sampling({"max_tokens": 4})).request("direct")
-    pieces = pool.mesh[0].methods.generate.choose([request]).get(timeout=120)
-    assert pieces[0].token_ids == reference(PROMPT, 4, rigged)[0]
-    original = fake_checkpoint(fake_spec())
-    pool.update_weights({"lm_head.weight": original["lm_head.weight"]}).get(timeout=60)
+    try:
+        futures = [pool.generate(PROMPT + [i], {"max_tokens": 150}) for i in range(6)]
+        asyncio.run(_tokens_generated(pool, 10))
+        ray.kill(pool.mesh.actors[0], no_restart=False)
+        for i, f in enumerate(futures):
+            _check(f.get(timeout=120), PROMPT + [i], 150, rigged)
+        assert pool.stats()["failovers"] >= 1
+        # The restarted engine serves the current weights, never its checkpoint's.
+        request = Sequence(PROMPT, check_sampling({"max_tokens": 4})).request("direct")
+        pieces = pool.mesh[0].methods.generate.choose([request]).get(timeout=120)
+        assert pieces[0].token_ids == reference(PROMPT, 4, rigged)[0]
+    finally:
+        original = fake_checkpoint(fake_spec())
+        pool.update_weights({"lm_head.weight": original["lm_head.weight"]}).get(timeout=60)
 
 
 def test_a_bad_engine_class_or_argument_is_refused() -> None:

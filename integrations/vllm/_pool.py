@@ -25,7 +25,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Coroutine, Hashable, Mapping
+from collections.abc import Callable, Coroutine, Generator, Hashable, Mapping
 from typing import Any, Generic, TypedDict, TypeVar
 
 import ray
@@ -81,7 +81,7 @@ class PoolFuture(Generic[R]):
                 raise
             raise TimeoutError(f"{self._label} did not finish within {timeout} s") from None
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, R]:
         return asyncio.wrap_future(self._future).__await__()
 
     def done(self) -> bool:
@@ -329,14 +329,11 @@ class EnginePool:
     async def _pause(self, mode: PauseMode, timeout: float) -> None:
         if self._paused is not None and mode != "abort":
             return
-        was = self._paused
         self._open.clear()
         self._paused = mode
         if mode == "wait":
             await asyncio.wait_for(self._idle.wait(), timeout)
         await self._all("pause", timeout, mode)
-        if was == "keep" and mode == "abort":
-            self._paused = "abort"
 
     async def _resume(self, timeout: float) -> None:
         if self._paused is None:
