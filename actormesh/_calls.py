@@ -46,15 +46,18 @@ class Call:
     out, no actor to take it, the mesh shut down).
     """
 
-    __slots__ = ("router", "method", "args", "kwargs", "group", "affinity", "retries", "future",
-                 "actor", "epoch", "ticket", "ref", "started", "outcome", "_point", "_view")
+    __slots__ = ("router", "method", "fn", "args", "kwargs", "group", "affinity", "retries",
+                 "future", "actor", "epoch", "ticket", "ref", "out", "started", "outcome",
+                 "_point", "_view")
 
     def __init__(self, router: Router, method: str, args: tuple[Any, ...],
                  kwargs: dict[str, Any], *, point: Point | None = None,
                  view: Callable[[int], Point] | None = None, group: int = -1,
-                 affinity: int | None = None, retries: int = 0) -> None:
+                 affinity: int | None = None, retries: int = 0,
+                 fn: SendFn | None = None) -> None:
         self.router = router
         self.method = method
+        self.fn = fn  # makes the Ray call itself, given the actor's handle (ActorPool.submit)
         self.args = args
         self.kwargs = kwargs
         self.group = group  # the scheduler group `choose` routes in; -1 for a call sent directly
@@ -64,7 +67,8 @@ class Call:
         self.actor = -1  # set with `epoch`, `ref` and `started` when sent
         self.epoch = 0
         self.ticket = 0  # set while the call waits in the scheduler's queue
-        self.ref: ray.ObjectRef[Any] | None = None
+        self.ref: ray.ObjectRef[Any] | None = None  # what the end of the call is watched on
+        self.out: Any = None  # what its value is read from: `ref`, or the refs `fn` returned
         self.started = 0.0
         self.outcome = _ray.OK  # how it ended (`_ray.outcome`), once it has
         self._point = point
@@ -88,8 +92,8 @@ class Call:
         """Ray's `_on_ready` callback: the call has ended (`error`: its value will never exist)."""
         self.router._ended(self, error)
 
-    def settle(self, ref: ray.ObjectRef[Any]) -> None:
-        settle_future(self.future, ref, None)
+    def settle(self, out: Any) -> None:
+        settle_future(self.future, out, None)
 
     def fail(self, error: BaseException) -> None:
         settle_future(self.future, None, error)
@@ -105,6 +109,18 @@ def settle_future(future: cf.Future[Any], value: Any, error: BaseException | Non
     except cf.InvalidStateError:
         return False
     return True
+
+
+SendFn = Callable[..., Any]
+"""`fn(actor_handle, *args)` making a Ray call and returning its ObjectRef (or a list of them)."""
+
+
+def _first_ref(out: Any, what: str) -> ray.ObjectRef[Any]:
+    refs = out if isinstance(out, list) else [out]
+    if not refs or not all(isinstance(r, ray.ObjectRef) for r in refs):
+        raise TypeError(f"{what} returned {out!r}: it must return the ObjectRef of the Ray call "
+                        "it made (or a list of them)")
+    return refs[0]
 
 
 def read(call: Call) -> Any:
@@ -168,19 +184,24 @@ class Router:
         if call.future.done():  # cancelled or timed out while it waited: give the slot back
             self._give_back(actor)
             return
-        remote = self._remote.get((actor, call.method))
-        if remote is None:
-            remote = self._remote[(actor, call.method)] = getattr(self.handles[actor], call.method)
         call.actor = actor
         call.epoch = self.failures.epochs[actor]
         call.started = time.perf_counter()
         try:
-            ref = remote.remote(*call.args, **call.kwargs)
+            if call.fn is None:
+                remote = self._remote.get((actor, call.method))
+                if remote is None:
+                    remote = self._remote[(actor, call.method)] = getattr(self.handles[actor],
+                                                                          call.method)
+                out = ref = remote.remote(*call.args, **call.kwargs)
+            else:
+                out = call.fn(self.handles[actor], *call.args)
+                ref = _first_ref(out, call.method)
         except Exception as err:  # e.g. an argument that cannot be serialised
             self._give_back(actor)
             call.fail(err)
             return
-        call.ref = ref
+        call.ref, call.out = ref, out
         ref._on_ready(call.ended)
         if not call.retries:  # Ray holds what it sent; free the caller's objects with its future
             call.args, call.kwargs = (), _NO_KWARGS
@@ -221,8 +242,7 @@ class Router:
     def _ended(self, call: Call, error: BaseException | None) -> None:
         try:
             ended = time.perf_counter()
-            ref: Any = call.ref
-            outcome = call.outcome = _ray.FAILED if error is not None else _ray.outcome(ref)
+            outcome = call.outcome = _ray.FAILED if error is not None else _ray.outcome(call.ref)
             lost = outcome == _ray.DIED or outcome == _ray.UNAVAILABLE
             if lost:  # before the slot is freed: no queued call may follow this one there
                 self.failures.lost(call.actor, call.epoch)
@@ -237,7 +257,7 @@ class Router:
             if error is not None:
                 call.fail(call.error(error) if isinstance(error, RayError) else error)
             else:
-                call.settle(ref)
+                call.settle(call.out)
         except BaseException as err:  # a bug here must not leave the call unsettled
             log.exception("actormesh: ending %s failed", call.method)
             call.fail(err)

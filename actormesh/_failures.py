@@ -159,10 +159,23 @@ class Failures:
             timer.cancel()
 
     # -- lifetime --------------------------------------------------------------------------------
-    def watch(self, actor_ids: Sequence[bytes]) -> None:
-        """Follow these actors (rank order) on the GCS channel."""
+    def watch(self, actor_ids: Sequence[bytes], *, known: bool) -> None:
+        """Follow these actors (rank order) on the GCS channel. Actors made elsewhere (not
+        `known`) may have restarted or died already: their state is read first."""
         self._actor_ids = list(actor_ids)
         ActorStates.get().watch(self, self._actor_ids)
+        if not known:
+            _loop.submit(self._read_states()).result(60)
+
+    async def _read_states(self) -> None:
+        for actor, actor_id in enumerate(self._actor_ids):
+            found = await _ray.actor_state(actor_id)
+            if found is None:
+                continue
+            state, epoch, reason = found
+            self.epochs[actor] = self._routed[actor] = epoch
+            if state != _ray.ALIVE:
+                self.on_state(actor, state, epoch, reason)
 
     def close(self) -> None:
         self._closed = True

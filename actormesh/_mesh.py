@@ -11,9 +11,10 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Concatenate, Generic, TypeVar, cast, overload
 
 import ray
+from ray.actor import ActorHandle
 from typing_extensions import ParamSpec
 
-from . import _loop
+from . import _loop, _ray
 from ._actor import RUN, Identity, method_def, remote_class
 from ._balancer import ActorLoad, AffinityKeys, Balancer, BalancerSpec, make_scheduler
 from ._calls import Router
@@ -47,12 +48,15 @@ class Loads(list[int]):
 class _Root:
     """What every view of one mesh shares: the actors, their router and the placement."""
 
-    cls: type[Any]
+    cls: type[Any] | None  # None for a mesh over actors made elsewhere (`from_actors`)
+    class_name: str
+    method_names: frozenset[str]  # of actors made elsewhere, from their handles
     shape: Shape
     router: Router
     keys: AffinityKeys
     external: bool
     label: str
+    run_method: str  # what `run_in_actors` calls
     cleanup: weakref.finalize[..., _Root] = dataclasses.field(init=False)
 
 
@@ -142,25 +146,76 @@ class ActorMesh(Generic[T]):
                 placed.release()
             raise
 
+        self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full, Router(
+            handles, [Point(r, full) for r in range(full.size)], scheduler,
+            defer_drain=isinstance(balancer, Balancer), restart_timeout_s=restart_timeout_s,
+        ), keys, isinstance(balancer, Balancer), label, RUN), handles, placed, on_restart,
+            owned=True)
+
+    @classmethod
+    def from_actors(
+        cls,
+        handles: Sequence[ActorHandle[T]],
+        shape: ShapeLike | None = None,
+        *,
+        balancer: BalancerSpec = "pow2",
+        max_in_flight: int | None = None,
+        restart_timeout_s: float = 60.0,
+        name: str | None = None,
+    ) -> ActorMesh[T]:
+        """A mesh over Ray actors created elsewhere: every verb, the balancer and the failure
+        handling, without starting or owning them (`shutdown()` leaves them alive).
+
+        `shape` defaults to one dim `"rank"` over the handles in the order given. The actors
+        restart as their own `max_restarts` says; `choose` follows, as for a mesh's own actors.
+        """
+        handles = list(handles)
+        if not handles:
+            raise ValueError("from_actors needs at least one actor handle, got none")
+        for handle in handles:
+            if not isinstance(handle, ActorHandle):
+                raise TypeError(f"from_actors takes Ray actor handles, got {handle!r}")
+        ids = [actor_id(h) for h in handles]
+        if len(set(ids)) != len(ids):
+            raise ValueError("from_actors: the same actor is given twice")
+        full = Shape.of(len(handles) if shape is None else shape)
+        if full.size != len(handles):
+            raise ValueError(f"shape {full} has {full.size} points but {len(handles)} actors "
+                             "were given")
+        check_timeout("restart_timeout_s", restart_timeout_s)
+        keys = AffinityKeys()
+        scheduler = make_scheduler(full.size, balancer, max_in_flight, keys)
+        class_name = _ray.class_name(handles[0])
+        ActorStates.get().start()
         router = Router(handles, [Point(r, full) for r in range(full.size)], scheduler,
                         defer_drain=isinstance(balancer, Balancer),
                         restart_timeout_s=restart_timeout_s)
-        root = _Root(actor_cls, full, router, keys, isinstance(balancer, Balancer), label)
-        root.cleanup = weakref.finalize(root, _release, router, handles, placed, label)
+        mesh: ActorMesh[T] = object.__new__(ActorMesh)
+        mesh._assemble(_Root(None, class_name, frozenset(_ray.method_names(handles[0])), full,
+                             router, keys, isinstance(balancer, Balancer), name or class_name,
+                             "__ray_call__"), handles, None, None, owned=False)
+        return mesh
+
+    def _assemble(self, root: _Root, handles: list[Any], placed: Placed | None,
+                  on_restart: Callable[[ActorMesh[T]], object] | None, *, owned: bool) -> None:
+        """Make this the whole mesh over `root`: follow the actors' states, and clean up when
+        the last view of it goes."""
+        root.cleanup = weakref.finalize(root, _release, root.router,
+                                        handles if owned else [], placed, root.label)
         root.cleanup.atexit = False  # at exit Ray itself kills the actors
         if on_restart is not None:
             # Held weakly: the router (alive while calls are) must not keep a dropped mesh alive.
-            router.failures.on_restart = functools.partial(
+            root.router.failures.on_restart = functools.partial(
                 _run_restart_hook, weakref.ref(root), on_restart)
-        router.failures.watch([actor_id(h) for h in handles])
+        root.router.failures.watch([actor_id(h) for h in handles], known=owned)
         self._root = root
-        self._init_view(full, tuple(range(full.size)))
+        self._init_view(root.shape, tuple(range(root.shape.size)))
 
     # -- views --------------------------------------------------------------------------------
     def _init_view(self, shape: Shape, actors: tuple[int, ...]) -> None:
         root = self._root
-        self._target = Target(shape, actors, root.router, root.label, root.cls, root.keys,
-                              root.external)
+        self._target = Target(shape, actors, root.router, root.label, root.class_name,
+                              root.keys, root.external)
         self._methods = _Methods(self)
 
     @staticmethod
@@ -249,7 +304,8 @@ class ActorMesh(Generic[T]):
         """
         if not callable(fn):
             raise TypeError(f"run_in_actors needs a callable, got {fn!r}")
-        method: MeshMethod[..., Any] = MeshMethod(self._target, RUN, CallOptions())
+        method: MeshMethod[..., Any] = MeshMethod(self._target, self._root.run_method,
+                                                  CallOptions())
         return method.all(fn, *args, **kwargs)
 
     # -- lifetime -------------------------------------------------------------------------------
@@ -263,8 +319,9 @@ class ActorMesh(Generic[T]):
         ray.get(refs)
 
     def shutdown(self) -> None:
-        """Kill every actor of the mesh (views share them) and release its placement group.
-        Calls still waiting for a slot fail with `am.MeshError`."""
+        """Kill every actor of the mesh (views share them) and release its placement group;
+        a mesh made with `from_actors` leaves its actors alive. Calls still waiting for a slot
+        fail with `am.MeshError`."""
         detached = self._root.cleanup.detach()
         if detached is not None:
             _shut(*detached[2])
@@ -329,10 +386,19 @@ class _Methods:
     def __getattr__(self, name: str) -> MeshMethod[Any, Any]:
         cached = self._cache.get(name)
         if cached is None:
-            definition = method_def(self._mesh._root.cls, name)
-            options = CallOptions(dispatch=definition.dispatch if definition else None)
+            root = self._mesh._root
+            if root.cls is not None:
+                definition = method_def(root.cls, name)
+                dispatch = definition.dispatch if definition else None
+            elif name in root.method_names and not name.startswith("__"):
+                dispatch = None
+            else:
+                raise AttributeError(f"{root.class_name} has no method {name!r}")
+            options = CallOptions(dispatch=dispatch)
             cached = self._cache[name] = MeshMethod(self._mesh._target, name, options)
         return cached
 
     def __dir__(self) -> list[str]:
-        return [n for n in dir(self._mesh._root.cls) if not n.startswith("_")]
+        root = self._mesh._root
+        names = dir(root.cls) if root.cls is not None else root.method_names
+        return [n for n in names if not n.startswith("_")]

@@ -69,16 +69,16 @@ def check_timeout(what: str, value: float | None) -> None:
 class Target:
     """What the verbs need of the mesh or view they call, and nothing else."""
 
-    __slots__ = ("shape", "actors", "router", "label", "cls", "_keys", "_remember_keys",
+    __slots__ = ("shape", "actors", "router", "label", "class_name", "_keys", "_remember_keys",
                  "_group", "point_of")
 
     def __init__(self, shape: Shape, actors: tuple[int, ...], router: Router, label: str,
-                 cls: type[Any], keys: AffinityKeys, remember_keys: bool) -> None:
+                 class_name: str, keys: AffinityKeys, remember_keys: bool) -> None:
         self.shape = shape
         self.actors = actors  # the mesh's actor index at each position of this view
         self.router = router
         self.label = label
-        self.cls = cls
+        self.class_name = class_name
         self._keys = keys
         self._remember_keys = remember_keys  # a Python Balancer is shown the keys as given
         self._group = -1
@@ -138,7 +138,7 @@ class MeshMethod(Generic[P, R_co]):
         dispatch = self._options.dispatch
         if dispatch is None:
             raise TypeError(
-                f"{self._target.cls.__name__}.{self._name} has no dispatch for shard: decorate it "
+                f"{self._target.class_name}.{self._name} has no dispatch for shard: decorate it "
                 f"with @am.method(dispatch=am.dispatch.split()) or call "
                 f"mesh.methods.{self._name}.options(dispatch=...).shard(...)"
             )

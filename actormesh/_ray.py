@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - a Ray without it: every call counts as
     _worker = None
 
 
-def outcome(ref: ray.ObjectRef[Any]) -> int:
+def outcome(ref: Any) -> int:
     """How the call behind `ref` (which has finished) ended, without deserialising its value.
 
     A value stored in the object store rather than inline is a success: errors are small and
@@ -112,3 +112,13 @@ def _reason(data: Any) -> str:
 def actor_id(handle: Any) -> bytes:
     """The binary id of an actor handle, as the GCS channel names it."""
     return bytes(handle._actor_id.binary())
+
+
+def method_names(handle: Any) -> list[str]:
+    """The methods an actor handle can call, from Ray's record of its class."""
+    return list(getattr(handle, "_ray_method_signatures", {}))
+
+
+def class_name(handle: Any) -> str:
+    descriptor = getattr(handle, "_ray_actor_creation_function_descriptor", None)
+    return str(getattr(descriptor, "class_name", "") or type(handle).__name__)

@@ -225,3 +225,21 @@ class Boxes:
     @am.method
     def box(self, payload: int) -> Box:
         return Box(payload)
+
+
+@ray.remote(num_cpus=0.1)
+class Plain:
+    """A Ray actor made without actormesh, for `ActorMesh.from_actors`."""
+
+    def __init__(self, tag: int) -> None:
+        self.tag = tag
+
+    def whoami(self) -> int:
+        return self.tag
+
+    def split_len(self, xs: list[int]) -> list[int]:
+        return [len(xs)]
+
+    def hold(self, sig: Any) -> int:
+        ray.get(sig.wait.remote())
+        return self.tag
