@@ -98,12 +98,6 @@ Send = Callable[[list[int], int, int], Awaitable[list[int]]]
 """send(prompt, max_tokens, session) -> the generated tokens."""
 
 
-def _reset(engine: Any) -> None:
-    """Inside a FakeEngine: an empty prefix cache and zeroed counters before a run."""
-    engine._cache.clear()
-    engine._queries = engine._hits = engine._generated = 0
-
-
 async def _direct(pool: EnginePool, engine: int, prompt: list[int], max_tokens: int) -> list[int]:
     request = SubRequest(f"b{engine}", prompt, check_sampling({"max_tokens": max_tokens}))
     pieces: list[Piece] = await pool.mesh[engine].methods.generate.choose([request])
@@ -187,7 +181,7 @@ async def play(work: Workload, send: Send) -> dict[str, Any]:
 def run_once(pools: tuple[EnginePool, EnginePool], work: Workload,
              make: Callable[[], Send]) -> dict[str, float]:
     for pool in pools:
-        pool.mesh.run_in_actors(_reset).get(timeout=60)
+        pool.mesh.run_in_actors(FakeEngine.reset_cache).get(timeout=60)
     result = asyncio.run(play(work, make()))
     stats = [pool.stats() for pool in pools]
     queries = sum(e.prefix_queries for s in stats for e in s["engines"])

@@ -91,6 +91,8 @@ def test_group_samples_get_consecutive_seeds() -> None:
     ({"max_tokens": 0}, "max_tokens=0"),
     ({"max_tokens": "8"}, "max_tokens='8'"),
     ({"temperature": None}, "temperature=None"),
+    ({"temperature": -1.0}, "temperature=-1.0"),
+    ({"top_p": 0.0}, "top_p=0.0"),
     ({"stop_token_ids": [1, -2]}, "stop_token_ids"),
 ])
 def test_bad_sampling_is_refused_naming_the_field(sampling: dict[str, Any], match: str) -> None:

@@ -121,18 +121,20 @@ class VllmEngine(Engine):
     # -- generation -------------------------------------------------------------------------
     @am.method
     async def generate(self, requests: list[SubRequest]) -> list[Piece]:
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
-
-    async def _one(self, request: SubRequest) -> Piece:
-        await self._restored()
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
+        # Every request's settings are checked before any starts: none is left running alone.
+        params = [SamplingParams(**r.sampling, logprobs=0, detokenize=False,
+                                 output_kind=RequestOutputKind.FINAL_ONLY) for r in requests]
+        return list(await asyncio.gather(*(self._one(r, p) for r, p in zip(requests, params))))
+
+    async def _one(self, request: SubRequest, params: Any) -> Piece:
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        await self._restored()
         if self._cutting:
             return Piece([], [], [], "abort", self._rank)
-        params = SamplingParams(**request.sampling, logprobs=0, detokenize=False,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
         self._live += 1
         self._quiet.clear()
         queue: Any = None
@@ -145,7 +147,7 @@ class VllmEngine(Engine):
             out: Any = None
             while out is None or not out.finished:
                 out = queue.get_nowait() or await queue.get()
-            return self._piece(out.outputs[0])
+            return self._piece(request.key, out.outputs[0])
         except EngineDeadError:
             # The engine core is gone and this actor cannot serve again: end the process, so the
             # mesh sees a death (and Ray restarts it if it may) and the pool fails over.
@@ -162,7 +164,7 @@ class VllmEngine(Engine):
             if self._live == 0:
                 self._quiet.set()
 
-    def _piece(self, completion: Any) -> Piece:
+    def _piece(self, key: str, completion: Any) -> Piece:
         tokens = list(completion.token_ids)
         logprobs = [step[token].logprob for step, token in zip(completion.logprobs or (), tokens)]
         versions: list[int] = []
@@ -171,8 +173,10 @@ class VllmEngine(Engine):
             versions.extend([label] * (span.end - span.start))
         versions.extend([self._version] * (len(tokens) - len(versions)))
         reason = str(completion.finish_reason)
-        finish = reason if reason in ("stop", "length") else "abort"
-        return Piece(tokens, logprobs, versions[: len(tokens)], finish, self._rank)  # type: ignore[arg-type]
+        if reason not in ("stop", "length", "abort"):  # resending would fail again
+            raise RuntimeError(f"vLLM ended request {key} with finish_reason={reason!r}")
+        return Piece(tokens, logprobs, versions[: len(tokens)], reason,  # type: ignore[arg-type]
+                     self._rank)
 
     # -- pausing ----------------------------------------------------------------------------
     @am.method

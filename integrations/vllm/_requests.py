@@ -10,6 +10,7 @@ Pure logic, no Ray: the property tests drive it directly.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from typing import Any, Literal
@@ -31,6 +32,12 @@ def _token_list(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(_non_negative_int(t) for t in value)
 
 
+def _in(low: float, high: float, *, open_low: bool = False) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        return _number(value) and (value > low if open_low else value >= low) and value <= high
+    return check
+
+
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -46,14 +53,14 @@ def _flag(value: Any) -> bool:
 SAMPLING_FIELDS: dict[str, Callable[[Any], bool]] = {
     "max_tokens": _non_negative_int,
     "min_tokens": _non_negative_int,
-    "temperature": _number,
-    "top_p": _number,
-    "top_k": _int,
-    "min_p": _number,
+    "temperature": _in(0.0, math.inf),
+    "top_p": _in(0.0, 1.0, open_low=True),
+    "top_k": lambda v: _int(v) and (v == -1 or v >= 0),
+    "min_p": _in(0.0, 1.0),
     "seed": _seed,
     "stop_token_ids": _token_list,
     "ignore_eos": _flag,
-    "repetition_penalty": _number,
+    "repetition_penalty": _in(0.0, math.inf, open_low=True),
 }
 """The `SamplingParams` fields a pool request may set. Left out on purpose: `n` (use
 `generate_group`), `logprobs` (always the sampled token's), text-level fields (tokens in, tokens

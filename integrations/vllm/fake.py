@@ -243,6 +243,12 @@ class FakeEngine(Engine):
         if not self._held():
             self._quiet.set()
 
+    def reset_cache(self) -> None:
+        """Empty the prefix cache and zero the counters (between benchmark runs, through
+        `pool.mesh.run_in_actors(FakeEngine.reset_cache)`)."""
+        self._cache.clear()
+        self._queries = self._hits = self._generated = 0
+
     # -- pausing ----------------------------------------------------------------------------
     @am.method
     async def pause(self, mode: PauseMode) -> None:
