@@ -344,6 +344,7 @@ def run_real(quick: bool, repeats: int | None = None) -> dict[str, Any]:
 
 
 async def _until_generating(pool: EnginePool, tokens: int) -> None:
+    """Wait until the engines report `tokens` more tokens generated (a signal, not a sleep)."""
     def total() -> int:
         return sum(e.generated_tokens for e in pool.stats()["engines"])
 

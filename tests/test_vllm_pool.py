@@ -56,13 +56,15 @@ def _same(got: Generation, want: Generation) -> None:
 
 
 async def _tokens_generated(pool: EnginePool, more: int) -> None:
-    """Wait until the engines report `more` tokens generated beyond now."""
-    def total() -> int:
-        return sum(e.generated_tokens for e in pool.stats()["engines"])
+    """Wait until the engines report `more` tokens generated beyond now (or hold nothing)."""
+    def state() -> tuple[int, int]:
+        engines = pool.stats()["engines"]
+        return sum(e.generated_tokens for e in engines), sum(e.sequences for e in engines)
 
-    start = await asyncio.to_thread(total)
+    start, _ = await asyncio.to_thread(state)
     for _ in range(5000):
-        if await asyncio.to_thread(total) >= start + more:
+        tokens, held = await asyncio.to_thread(state)
+        if tokens >= start + more or not held:
             return
     raise AssertionError("the engines produced no tokens")
 
