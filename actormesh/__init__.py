@@ -15,7 +15,7 @@ from . import dispatch
 from ._actor import current_rank
 from ._balancer import ActorLoad, Balancer, Policy
 from ._errors import ActorDiedError, ActorError, MeshError, MeshTimeoutError, NoLiveActorsError
-from ._future import MeshFuture, ValueMesh
+from ._future import MeshFuture, MeshMap, ValueMesh
 from ._mesh import ActorMesh, Loads
 from ._method import AsyncMeshMethod, MeshMethod, method
 from ._placement import Placement
@@ -33,6 +33,7 @@ __all__ = [
     "Loads",
     "MeshError",
     "MeshFuture",
+    "MeshMap",
     "MeshMethod",
     "MeshTimeoutError",
     "NoLiveActorsError",

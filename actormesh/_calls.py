@@ -120,7 +120,8 @@ def _first_ref(out: Any, what: str) -> ray.ObjectRef[Any]:
     if not refs or not all(isinstance(r, ray.ObjectRef) for r in refs):
         raise TypeError(f"{what} returned {out!r}: it must return the ObjectRef of the Ray call "
                         "it made (or a list of them)")
-    return refs[0]
+    first: ray.ObjectRef[Any] = refs[0]
+    return first
 
 
 def read(call: Call) -> Any:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import queue
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
@@ -177,6 +179,84 @@ class MeshFuture(Generic[R]):
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"MeshFuture({self._label}, {state})"
+
+
+class MeshMap(Generic[R]):
+    """The results of `mesh.methods.f.map(items)`, streamed: iterate once, with `for` or
+    `async for`. At most `window` calls are outstanding (sent or waiting for a slot, or done
+    but not yet yielded); the items are read as calls are made."""
+
+    __slots__ = ("_call", "_items", "_ordered", "_window", "_used")
+
+    def __init__(self, call: Callable[[Any], MeshFuture[R]], items: Iterator[Any],
+                 ordered: bool, window: int) -> None:
+        self._call = call
+        self._items = items
+        self._ordered = ordered
+        self._window = window
+        self._used = False
+
+    def _start(self) -> None:
+        if self._used:
+            raise RuntimeError("a map's results can be iterated only once")
+        self._used = True
+
+    def _fill(self, outstanding: int, on_sent: Callable[[MeshFuture[R]], None]) -> int:
+        """Send calls for the next items until `window` are outstanding; how many are."""
+        while outstanding < self._window:
+            try:
+                item = next(self._items)
+            except StopIteration:
+                break
+            on_sent(self._call(item))
+            outstanding += 1
+        return outstanding
+
+    def __iter__(self) -> Iterator[R]:
+        self._start()
+        pending: deque[MeshFuture[R]] = deque()
+        finished: queue.SimpleQueue[MeshFuture[R]] = queue.SimpleQueue()
+
+        def sent(future: MeshFuture[R]) -> None:
+            pending.append(future)
+            if not self._ordered:
+                future._future.add_done_callback(lambda _: finished.put(future))
+
+        try:
+            while self._fill(len(pending), sent):
+                if self._ordered:
+                    future = pending.popleft()
+                else:
+                    future = finished.get()
+                    pending.remove(future)
+                yield future.get()
+        finally:  # left early (break, an error): what is not sent yet never will be
+            for future in pending:
+                future.cancel()
+
+    async def __aiter__(self) -> AsyncIterator[R]:
+        self._start()
+        loop = asyncio.get_running_loop()
+        pending: deque[MeshFuture[R]] = deque()
+        finished: asyncio.Queue[MeshFuture[R]] = asyncio.Queue()
+
+        def sent(future: MeshFuture[R]) -> None:
+            pending.append(future)
+            if not self._ordered:
+                future._future.add_done_callback(
+                    lambda _: loop.call_soon_threadsafe(finished.put_nowait, future))
+
+        try:
+            while self._fill(len(pending), sent):
+                if self._ordered:
+                    future = pending.popleft()
+                else:
+                    future = await finished.get()
+                    pending.remove(future)
+                yield await future
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 async def _settled(future: cf.Future[Any]) -> None:

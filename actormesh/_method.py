@@ -18,21 +18,23 @@ import functools
 import inspect
 import math
 import types
-from collections.abc import Callable, Coroutine, Hashable, Sequence
-from typing import Any, Concatenate, Generic, TypeVar, overload
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Sequence
+from typing import Any, Concatenate, Generic, Protocol, TypeVar, overload
 
 from typing_extensions import ParamSpec, Self
 
 from . import _share
 from ._balancer import AffinityKeys
 from ._calls import Call, Router
-from ._future import MeshFuture, ValueMesh
+from ._future import MeshFuture, MeshMap, ValueMesh
 from ._shape import Point, Shape
 from .dispatch import Dispatch
 
 P = ParamSpec("P")
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
+A = TypeVar("A")
+A_contra = TypeVar("A_contra", contravariant=True)
 
 _UNSET: Any = object()
 
@@ -96,6 +98,12 @@ class Target:
         return None if key is None else self._keys.hash(key, remember=self._remember_keys)
 
 
+class _Unary(Protocol[A_contra, R]):
+    """A `MeshMethod` whose method takes one argument: what `map` calls per item."""
+
+    def choose(self, item: A_contra, /) -> MeshFuture[R]: ...
+
+
 class MeshMethod(Generic[P, R_co]):
     """One method of the mesh's actor class, bound to a mesh: the verbs `all`, `choose`, `shard`."""
 
@@ -132,6 +140,30 @@ class MeshMethod(Generic[P, R_co]):
         if options.timeout is not None:
             _expire(router, options.timeout, (call,), self._choose_label, call.future)
         return future
+
+    def map(
+        self: _Unary[A, R], items: Iterable[A], *, ordered: bool = True,
+        window: int | None = None,
+    ) -> MeshMap[R]:
+        """Call the method once per item, each through `choose`, and yield the results: in the
+        order of `items` (`ordered=False`: as they complete), with at most `window` calls
+        outstanding, so a lazy or endless iterable streams in constant memory. The default
+        window keeps every slot busy: `max_in_flight` calls per actor, else two (one running,
+        one waiting in the actor, hiding the round trip). A failed call raises at its item's
+        position, or is yielded with `options(return_exceptions=True)`. Iterate with `for` or
+        `async for`; leaving the loop early cancels the calls not yet sent.
+        """
+        if not isinstance(ordered, bool):
+            raise TypeError(f"ordered={ordered!r}: must be a bool")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                   or window < 1):
+            raise ValueError(f"window={window!r}: must be an int >= 1, or None")
+        assert isinstance(self, MeshMethod)
+        target = self._target
+        if window is None:
+            slots = target.router.scheduler.max_in_flight
+            window = len(target.actors) * (slots if slots else 2)
+        return MeshMap(self.choose, iter(items), ordered, window)
 
     def shard(self, *args: P.args, **kwargs: P.kwargs) -> MeshFuture[R_co]:
         """Split the arguments across the actors with the method's dispatch; collect the results."""

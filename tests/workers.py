@@ -151,6 +151,13 @@ class Worker:
         raise ValueError(message)
 
     @am.method
+    def checked(self, x: int) -> int:
+        """x, or a ValueError for a negative x."""
+        if x < 0:
+            raise ValueError(f"negative: {x}")
+        return x
+
+    @am.method
     def sleep(self, seconds: float) -> int:
         time.sleep(seconds)
         return am.current_rank().rank
@@ -193,6 +200,19 @@ class AsyncWorker:
     @am.method
     async def open_gate(self) -> None:
         self.opened.set()
+
+    @am.method
+    async def overlapping(self, x: int) -> int:
+        """Records how many calls of this method run at once; returns x."""
+        self.running = getattr(self, "running", 0) + 1
+        self.most = max(getattr(self, "most", 0), self.running)
+        await asyncio.sleep(0.01)
+        self.running -= 1
+        return x
+
+    @am.method
+    async def most_overlapping(self) -> int:
+        return getattr(self, "most", 0)
 
     @am.method
     async def g(self, x: int) -> str:

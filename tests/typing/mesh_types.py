@@ -75,7 +75,23 @@ for point, value in mesh.methods.f.all(1).as_completed():
     assert_type(value, int)
 
 
+# map streams results of the method's result type over items of its single parameter.
+assert_type(mesh.methods.f.map([1, 2, 3]), am.MeshMap[int])
+assert_type(mesh.methods.g.map(iter(range(5)), ordered=False, window=4), am.MeshMap[str])
+for mapped in mesh.methods.f.map(range(10)):
+    assert_type(mapped, int)
+
+# run_in_actors types the actor instance and the function's result.
+assert_type(mesh.run_in_actors(lambda worker: worker.scale), am.MeshFuture[am.ValueMesh[int]])
+
+# A mesh over actors made elsewhere keeps their class.
+plain_mesh = am.ActorMesh.from_actors(mesh.actors)
+assert_type(plain_mesh, am.ActorMesh[Any])
+
+
 async def awaited() -> None:
+    async for mapped_async in mesh.methods.g.map([1]):
+        assert_type(mapped_async, str)
     assert_type(await mesh.methods.f.choose(1), int)
     assert_type(await mesh.methods.g.choose(1), str)
     async for point, text in mesh.methods.g.all(1):
@@ -95,3 +111,7 @@ mesh.methods.nope.choose()  # type: ignore[attr-defined]
 mesh.methods.plain.choose()  # type: ignore[attr-defined]
 am.ActorMesh(Worker, shape=2, balancer=3)  # type: ignore[arg-type]
 mesh.methods.f.options(retries="many")  # type: ignore[arg-type]
+words: list[str] = ["x"]
+mesh.methods.f.map(words)  # type: ignore[arg-type]
+mesh.methods.process.map([[1]])  # type: ignore[misc, arg-type]
+mesh.methods.f.map([1], window="all")  # type: ignore[arg-type]
