@@ -50,7 +50,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                "batch). To use an existing Ray cluster, set RAY_ADDRESS.")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="about six minutes on two cores (the default)")
+                      help="about seven minutes on two cores (the default)")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
                       help="longer runs, 16 actors per mesh, 5 repeats, 1M simulated calls")
     mode.add_argument("--smoke", dest="mode", action="store_const", const="smoke",

@@ -410,7 +410,7 @@ def side_md(side: dict[str, Any]) -> list[str]:
 
 
 NOTES = """
-- `python -m benchmarks --quick` (what `make bench` runs) takes about six minutes on two cores;
+- `python -m benchmarks --quick` (what `make bench` runs) takes about seven minutes on two cores;
   `--full` runs longer, bigger and more repeats; `--only straggler tiny_noop` picks scenarios
   (also `sim`, `theory`, `decision_cost` and the side scenarios), `--contenders pow2 sed
   ray-random` picks contenders. With `RAY_ADDRESS` set (e.g. `RAY_ADDRESS=auto` on a node of a

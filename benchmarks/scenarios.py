@@ -2,7 +2,7 @@
 
 A scenario is a workload (service-time distribution, arrival pattern, slow or killed actors) plus
 the metrics it is judged on (the first decides who won it; see `stats.METRICS`). `Config` holds
-the sizes: `quick` fits in about six minutes on two cores, `full` is for a bigger machine or an
+the sizes: `quick` fits in about seven minutes on two cores, `full` is for a bigger machine or an
 existing cluster, `smoke` is for the test suite.
 """
 
