@@ -3,9 +3,10 @@
 Every contender drives the same `Config.actors` actors, created once and reused by every scenario
 (starting an actor costs about half a second here): each native policy routes through its own
 mesh (own scheduler) over those actors, and the baselines call their handles directly. So
-`choose` and raw `.remote()` are compared on the same processes. (If the library's private
-parts used to share actors change, each policy gets its own actors instead; the harness says so
-on the terminal and results.json records why.) Within a repeat every contender plays the same
+`choose` and raw `.remote()` are compared on the same processes. The other meshes come from
+`ActorMesh.from_actors` over the first mesh's actors (`sibling` builds them from private parts
+when the library has no `from_actors`; if that fails too, each policy gets its own actors and
+the harness says so on the terminal; results.json records why.) Within a repeat every contender plays the same
 plan (same send times, same service times); the order of contenders rotates between repeats so
 that a slow drift of the machine does not favour whoever runs first. After the repeats, every
 ratio of the scenario gets its bootstrap interval and the A/A control (`benchmarks.stats`).
@@ -107,8 +108,11 @@ class Fleet:
         why = "not asked to share"
         if share:
             base = new_mesh(policies["pow2"])
+            # The public way when the library has it; else the private parts (sibling).
+            over = getattr(am.ActorMesh, "from_actors", None)
             try:
-                meshes = {p: base if p == "pow2" else sibling(base, policy)
+                meshes = {p: base if p == "pow2" else
+                          over(base.actors, balancer=policy) if over else sibling(base, policy)
                           for p, policy in policies.items()}
                 shared = True
                 why = ""
