@@ -2,8 +2,8 @@
 
 The workload, the same for every contender (seeded per repeat): multi-turn sessions, each opened
 with one of a few shared system prompts (a skewed choice), every turn's prompt extending the
-last (system + earlier turns + a new user message), output lengths heavy-tailed (lognormal,
-clipped); a fixed number of sessions run at once, each sending its next turn when the last one
+last (system + earlier turns + a new user message), the number of turns and the output lengths
+heavy-tailed (lognormal, clipped); a fixed number of sessions run at once, each sending its next turn when the last one
 returns. Engines: 8 `FakeEngine`s with continuous batching (`max_num_seqs`), a prefix cache
 smaller than the working set, and a prefill cost per uncached prompt token, so that where a
 request lands decides both its queueing and its prefill.
@@ -63,7 +63,8 @@ prompts add up to."""
 class Workload:
     sessions: int
     concurrent: int = 48
-    turns: tuple[int, int] = (2, 6)
+    median_turns: int = 3
+    max_turns: int = 24
     system_prompts: int = 6
     system_tokens: tuple[int, int] = (128, 512)
     user_tokens: tuple[int, int] = (16, 96)
@@ -81,7 +82,8 @@ class Workload:
         plan = []
         for _ in range(self.sessions):
             system = rng.choices(systems, weights)[0]
-            turns = rng.randint(*self.turns)
+            turns = max(1, min(self.max_turns,
+                               round(rng.lognormvariate(math.log(self.median_turns), self.sigma))))
             users = [[rng.randrange(3, 1000) for _ in range(rng.randint(*self.user_tokens))]
                      for _ in range(turns)]
             lengths = [max(4, min(self.max_output,
@@ -204,8 +206,9 @@ def run(quick: bool, out_dir: str | Path, repeats: int | None = None) -> dict[st
     repeats = repeats or (3 if quick else 5)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     print(f"pool routing: {ENGINES} FakeEngines, {work.sessions} sessions ({work.concurrent} at "
-          f"once, {work.turns[0]}–{work.turns[1]} turns), outputs lognormal(median "
-          f"{work.median_output}, σ {work.sigma}), {repeats} repeats", flush=True)
+          f"once), turns and outputs lognormal (median {work.median_turns} turns, up to "
+          f"{work.max_turns}; {work.median_output} tokens, up to {work.max_output}; σ "
+          f"{work.sigma}), {repeats} repeats", flush=True)
     options: dict[str, Any] = {"engine_cls": FakeEngine, "engine_args": ENGINE_ARGS,
                                "num_cpus": 0.1}
     with EnginePool("fake", ENGINES, balancer="least_loaded", **options) as ll, \
@@ -269,7 +272,8 @@ def report(runs: dict[str, list[dict[str, float]]], work: Workload, repeats: int
             f"{ENGINES} FakeEngines (4 ms per step, max 16 sequences, a prefix cache of 4,800 "
             f"tokens each, 50 µs of prefill per uncached token); {work.sessions} multi-turn "
             f"sessions, {work.concurrent} at a time, on {work.system_prompts} shared system "
-            f"prompts; outputs lognormal (median {work.median_output}, σ {work.sigma}). "
+            f"prompts; turns per session and output lengths lognormal (medians "
+            f"{work.median_turns} and {work.median_output}, σ {work.sigma}). "
             f"{repeats} repeats. The pool (least loaded, session affinity) finds "
             f"{pool_hits:.0%} of prompt tokens in the prefix cache against {random_hits:.0%} for "
             f"random.choice; the strongest baseline on p99 here is {best}."),

@@ -99,7 +99,9 @@ class PoolFuture(Generic[R]):
 
 
 class PoolStats(TypedDict):
-    """`pool.stats()`: the pool's own counters and each engine's `EngineStats`."""
+    """`pool.stats()`: the pool's counters and each engine's `EngineStats`. `held`: requests
+    waiting for `resume`; `interruptions`: cuts with tokens that were resent; `failovers`:
+    resends after an engine died."""
 
     weight_version: int
     paused: PauseMode | None
@@ -250,7 +252,8 @@ class EnginePool:
             if not self._open.is_set():
                 self._held += 1
                 try:
-                    await self._open.wait()
+                    while not self._open.is_set():  # a pause may close the gate again first
+                        await self._open.wait()
                 finally:
                     self._held -= 1
             self._check_open()
