@@ -22,7 +22,7 @@ from ray.exceptions import RayError
 
 from . import _loop, _ray
 from ._calls import Call, Router, read, settle_future
-from ._shape import IndexKey, Point, Shape
+from ._shape import IndexKey, Point, Selectable, Selection, Shape
 
 R = TypeVar("R")
 V = TypeVar("V")
@@ -368,8 +368,11 @@ def _read_all(calls: Sequence[Call]) -> list[Any]:
     return out
 
 
-class ValueMesh(Generic[R]):
-    """Values laid out on a mesh shape, one per point, in rank order."""
+class ValueMesh(Selectable, Generic[R]):
+    """Values laid out on a mesh shape, one per point, in rank order. Selected like the mesh:
+    `vm[1, 0]` (every dim named) is one value; `vm[:, 0]`, `vm.slice(dp=1)` and, on a mesh of
+    several dims, `vm[1]` are value meshes over the chosen points (the type checker reads an
+    index of ints as one value: write `vm[1, :]` or `vm.slice(...)` for a sub-mesh)."""
 
     __slots__ = ("_shape", "_values")
 
@@ -388,15 +391,10 @@ class ValueMesh(Generic[R]):
     @overload
     def __getitem__(self, key: slice | tuple[int | slice, ...]) -> ValueMesh[R]: ...
     def __getitem__(self, key: IndexKey) -> R | ValueMesh[R]:
-        selection = self._shape.select(key)
-        items = key if isinstance(key, tuple) else (key,)
-        if all(isinstance(k, int) for k in items) and len(items) < len(self._shape):
-            raise IndexError(
-                f"index {key!r} names {len(items)} of the {len(self._shape)} dims of {self._shape}; "
-                "give every dim, or slices for the ones to keep"
-            )
-        if not selection.shape:
-            return self._values[selection.positions[0]]
+        selected = self._select(key)
+        return selected._values[0] if not selected._shape else selected
+
+    def _selected(self, selection: Selection) -> ValueMesh[R]:
         return ValueMesh(selection.shape, [self._values[p] for p in selection.positions])
 
     def item(self, **coords: int) -> R:

@@ -23,7 +23,7 @@ from ._future import MeshFuture, ValueMesh
 from ._method import CallOptions, MeshMethod, Target, check_timeout
 from ._placement import Placed, Placement
 from ._ray import actor_id
-from ._shape import IndexKey, Point, Selection, Shape, ShapeLike
+from ._shape import IndexKey, Point, Selectable, Selection, Shape, ShapeLike
 
 log = logging.getLogger("actormesh")
 
@@ -60,7 +60,7 @@ class _Root:
     cleanup: weakref.finalize[..., _Root] = dataclasses.field(init=False)
 
 
-class ActorMesh(Generic[T]):
+class ActorMesh(Selectable, Generic[T]):
     """A group of actors of class `T` laid out on named dims, called through `mesh.methods`.
 
     `ActorMesh(Worker, shape={"dp": 2, "tp": 2}, args=(3,))` starts 4 actors. Index it
@@ -225,17 +225,14 @@ class ActorMesh(Generic[T]):
         view._init_view(shape, actors)
         return view
 
-    def _subview(self, selection: Selection) -> ActorMesh[T]:
+    def _selected(self, selection: Selection) -> ActorMesh[T]:
         actors = tuple(self._target.actors[p] for p in selection.positions)
         return ActorMesh._view(self._root, selection.shape, actors)
 
     def __getitem__(self, key: IndexKey) -> ActorMesh[T]:
-        """`mesh[1]`, `mesh[1, :]`, `mesh[:, 0]`, `mesh[0:2]`: a view; ints drop their dim."""
-        return self._subview(self._target.shape.select(key))
-
-    def slice(self, **dims: int | slice) -> ActorMesh[T]:
-        """`mesh.slice(dp=1)`, `mesh.slice(tp=slice(0, 1))`: a view selected by dim name."""
-        return self._subview(self._target.shape.select_dims(**dims))
+        """`mesh[1]`, `mesh[1, :]`, `mesh[:, 0]`, `mesh[0:2]`: a view over the same actors; an int
+        drops its dim, a slice keeps it (`mesh[1, 0]` is a mesh of one actor)."""
+        return self._select(key)
 
     # -- description ----------------------------------------------------------------------------
     @property

@@ -1,12 +1,15 @@
 """Shape math: named dims, row-major ranks and coordinates, and sub-mesh selection.
 
-Nothing here knows about actors; the same selection serves a mesh of actors and a mesh of values.
+Nothing here knows about actors; the same selection serves a mesh of actors and a mesh of values
+(`Selectable`, as Monarch's `MeshTrait`: one selection over one primitive each mesh implements).
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TypeVar
 
 ShapeLike = int | Sequence[int] | Mapping[str, int]
 IndexKey = int | slice | tuple[int | slice, ...]
@@ -158,6 +161,32 @@ class Selection:
     def __init__(self, shape: Shape, positions: tuple[int, ...]) -> None:
         self.shape = shape
         self.positions = positions
+
+
+S = TypeVar("S", bound="Selectable")
+
+
+class Selectable(abc.ABC):
+    """Selection shared by meshes of actors and meshes of values: `m[1]`, `m[:, 0]`, `m[0:2]`,
+    `m.slice(dp=1)`. An int index drops its dim, a slice keeps it; out-of-range indices and
+    unknown dims raise `IndexError` / `KeyError` naming the shape. A subclass gives its shape and
+    how to make itself over a selection of its points (`_selected`)."""
+
+    __slots__ = ()
+
+    @property
+    @abc.abstractmethod
+    def shape(self) -> Shape: ...
+
+    @abc.abstractmethod
+    def _selected(self: S, selection: Selection) -> S: ...
+
+    def _select(self: S, key: IndexKey) -> S:
+        return self._selected(self.shape.select(key))
+
+    def slice(self: S, **dims: int | slice) -> S:
+        """`m.slice(dp=1)`, `m.slice(tp=slice(0, 1))`: selected by dim name."""
+        return self._selected(self.shape.select_dims(**dims))
 
 
 class Point:

@@ -2,6 +2,7 @@
 
 import pytest
 
+import actormesh as am
 from actormesh._shape import Point, Shape, format_coords, parse_coords
 
 
@@ -98,3 +99,32 @@ def test_point_coords_and_world_size() -> None:
 def test_coords_text_round_trips() -> None:
     assert format_coords({"dp": 1, "tp": 0}) == "dp=1,tp=0"
     assert parse_coords("dp=1,tp=0") == {"dp": 1, "tp": 0}
+
+
+# -- a mesh of values selects as a mesh of actors does ------------------------------------------
+def grid() -> am.ValueMesh[str]:
+    shape = Shape({"dp": 2, "tp": 3})
+    return am.ValueMesh(shape, [f"{r // 3}{r % 3}" for r in range(6)])
+
+
+def test_a_value_mesh_gives_one_value_for_every_dim_named() -> None:
+    assert grid()[1, 2] == "12"
+    assert grid().item(dp=0, tp=1) == "01"
+
+
+def test_a_value_mesh_gives_value_meshes_for_partial_selections() -> None:
+    row = grid()[1]
+    assert isinstance(row, am.ValueMesh)
+    assert dict(row.shape) == {"tp": 3} and list(row) == ["10", "11", "12"]
+    column = grid()[:, 0]
+    assert dict(column.shape) == {"dp": 2} and list(column) == ["00", "10"]
+    sliced = grid().slice(dp=1, tp=slice(0, 2))
+    assert dict(sliced.shape) == {"dp": 1, "tp": 2} and list(sliced) == ["10", "11"]
+    assert sliced[0, 1] == "11"
+
+
+def test_a_value_mesh_names_its_shape_on_a_bad_selection() -> None:
+    with pytest.raises(IndexError, match=r"\{dp=2, tp=3\}"):
+        grid()[2]
+    with pytest.raises(KeyError, match=r"\{dp=2, tp=3\}"):
+        grid().slice(pp=0)

@@ -115,3 +115,9 @@ words: list[str] = ["x"]
 mesh.methods.f.map(words)  # type: ignore[arg-type]
 mesh.methods.process.map([[1]])  # type: ignore[misc, arg-type]
 mesh.methods.f.map([1], window="all")  # type: ignore[arg-type]
+
+# A ValueMesh selects like the mesh.
+grid_values = mesh.methods.f.all(1).get()
+assert_type(grid_values[1, 0], int)
+assert_type(grid_values[:, 0], am.ValueMesh[int])
+assert_type(grid_values.slice(dp=1), am.ValueMesh[int])
