@@ -350,8 +350,12 @@ def test_a_bad_engine_class_or_argument_is_refused() -> None:
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_a_shut_down_pool_refuses_requests() -> None:
-    pool = EnginePool("fake", 1, engine_cls=FakeEngine, num_cpus=0.25)
-    pool.shutdown()
+def test_an_async_context_shuts_the_pool_down() -> None:
+    async def run() -> EnginePool:
+        async with EnginePool("fake", 1, engine_cls=FakeEngine, num_cpus=0.25) as pool:
+            _check(await pool.generate(PROMPT, {"max_tokens": 4}), PROMPT, 4)
+        return pool
+
+    pool = asyncio.run(run())
     with pytest.raises(am.MeshError, match="shut down"):
         pool.generate(PROMPT)
