@@ -233,13 +233,15 @@ def provenance(results: dict[str, Any]) -> str:
     commit = git.get("commit", "unknown")
     state = ("uncommitted changes in " + ", ".join(git.get("changed", [])[:8])
              + (" …" if len(git.get("changed", [])) > 8 else "")) if git.get("dirty") else "clean"
-    shared = ("shared by every contender" if results.get("ray", {}).get("shared_actors")
-              else "NOT shared: one set per policy")
+    actors = ""
+    if results.get("scenarios"):
+        shared = ("shared by every contender" if results.get("ray", {}).get("shared_actors")
+                  else "NOT shared: one set per policy")
+        actors = f"; {results.get('config', {}).get('actors', '?')} single-slot actors {shared}"
     return (f"`{results['command']}` ({results['mode']}, {stats.fmt(results['duration_s'])} s) on "
             f"{results['created'][:10]} at commit `{commit}` (tree: {state}); {m['cpu_model']}, "
             f"{m['nproc']} cores, load average {m.get('load_average_at_start', '?')} at start; "
-            f"Python {m['python']}, Ray {v.get('ray', '?')}; "
-            f"{results.get('config', {}).get('actors', '?')} single-slot actors {shared}.")
+            f"Python {m['python']}, Ray {v.get('ray', '?')}{actors}.")
 
 
 EXPLAIN = (

@@ -48,6 +48,7 @@ class Side:
 
 
 SIDE: dict[str, Side] = {
+    "pool_routing": Side("pool_routing", "Engine pool routing"),
     "async_trainer": Side("async_trainer", "Async trainer against the synchronous loop"),
 }
 
