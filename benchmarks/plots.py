@@ -124,10 +124,10 @@ def decision_cost(rows: list[dict[str, Any]], out_dir: str) -> str | None:
     ax.set_xticks(sorted({r["num_actors"] for r in rows}))
     ax.set_xlabel("actors (N)")
     ax.set_ylabel("ns per decision (submit + complete)")
-    ax.set_title("Decision cost: native (solid), through nanobind (dotted), the same algorithm in "
-                 "pure Python (dashed), a pure-Python scan (dash-dot)", fontsize=9)
+    ax.set_title("Decision cost: native (solid), through nanobind (dotted),\nthe same algorithm "
+                 "in pure Python (dashed), a pure-Python scan (dash-dot)", fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.subplots_adjust(left=0.08, right=0.7, bottom=0.1, top=0.93)
+    fig.subplots_adjust(left=0.1, right=0.7, bottom=0.1, top=0.9)
     name = "decision_cost.png"
     fig.savefig(os.path.join(out_dir, name), dpi=110)
     plt.close(fig)
