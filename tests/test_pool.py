@@ -1,0 +1,430 @@
+"""`am.ActorPool`: `ray.util.ActorPool`'s behaviour (its own tests, ported), and what it adds:
+deaths that fail or re-run a call instead of hanging, k slots per actor, the native balancer."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Any
+
+import pytest
+import ray
+from workers import signal, wait_until, waiters
+
+import actormesh as am
+from actormesh._pool import ActorPool
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class Member:
+    """A pool member: several calls at once (threads), so k slots can all be busy."""
+
+    def __init__(self, tag: int) -> None:
+        self.tag = tag
+        self.seen: list[Any] = []
+
+    def f(self, x: int) -> int:
+        return x + 1
+
+    def double(self, x: int) -> int:
+        return 2 * x
+
+    def tag_of(self, x: Any) -> tuple[int, Any]:
+        self.seen.append(x)
+        return self.tag, x
+
+    def hold(self, sig: Any, x: Any) -> tuple[int, Any]:
+        """Runs until `sig` is sent; returns (tag, x)."""
+        self.seen.append(x)
+        ray.get(sig.wait.remote())
+        return self.tag, x
+
+    @ray.method(num_returns=2)
+    def pair(self, sig: Any) -> tuple[int, int]:
+        if sig is not None:
+            ray.get(sig.wait.remote())
+        return 1, 2
+
+    def fail(self, x: int) -> None:
+        raise ValueError(f"bad {x}")
+
+    def values_seen(self) -> list[Any]:
+        return self.seen
+
+
+_pools: list[ActorPool[Any]] = []
+
+
+@pytest.fixture(autouse=True)
+def pools_give_back_every_slot() -> Iterator[None]:
+    """After each test, every pool's current mesh has no call in flight and none queued."""
+    yield
+    for pool in _pools:
+        scheduler = pool._gen.scheduler if pool._gen is not None else None
+        if scheduler is not None:
+            wait_until(lambda s=scheduler: not any(s.in_flight()) and not s.queued())
+    _pools.clear()
+
+
+def members(count: int) -> list[Any]:
+    """Fresh actors, tagged 0 … count-1: for a test that kills some."""
+    handles = [Member.remote(tag) for tag in range(count)]  # type: ignore[attr-defined]
+    ray.get([h.__ray_ready__.remote() for h in handles], timeout=60)
+    return handles
+
+
+@pytest.fixture(scope="module")
+def shared() -> list[Any]:
+    """Four actors tagged 0-3, shared by the tests that kill none (starting actors is slow)."""
+    return members(4)
+
+
+def pool_of(actors: Sequence[Any], **options: Any) -> ActorPool[Any]:
+    pool: ActorPool[Any] = ActorPool(actors, **options)
+    _pools.append(pool)
+    return pool
+
+
+def hold(sig: Any) -> Any:
+    return lambda a, v: a.hold.remote(sig, v)
+
+
+def tag_of(a: Any, v: Any) -> Any:
+    return a.tag_of.remote(v)
+
+
+# -- Ray's own tests (python/ray/tests/test_actor_pool.py), with signals where they raced ------
+def test_get_next_returns_results_in_submission_order(shared: list[Any]) -> None:
+    pool = pool_of(shared[:4])
+    for i in range(5):
+        pool.submit(lambda a, v: a.f.remote(v), i)
+        assert pool.get_next(timeout=60) == i + 1
+
+
+def test_get_next_unordered_returns_every_result(shared: list[Any]) -> None:
+    pool = pool_of(shared[:4])
+    for i in range(5):
+        pool.submit(lambda a, v: a.f.remote(v), i)
+    total = []
+    while pool.has_next():
+        total.append(pool.get_next_unordered(timeout=60))
+    assert sorted(total) == [1, 2, 3, 4, 5]
+
+
+def test_map_yields_results_in_order_and_map_unordered_every_result(shared: list[Any]) -> None:
+    pool = pool_of(shared[:4])
+    assert list(pool.map(lambda a, v: a.double.remote(v), range(5))) == [0, 2, 4, 6, 8]
+    assert sorted(pool.map_unordered(lambda a, v: a.double.remote(v), range(5))) == [0, 2, 4, 6, 8]
+
+
+def test_map_submits_every_value_before_it_is_iterated(shared: list[Any]) -> None:
+    pool = pool_of(shared[:2])
+    sig = signal()
+    results = pool.map(hold(sig), ["a", "b"])
+    waiters(sig, 2)  # both run, though nobody has asked for a result
+    sig.send.remote()
+    assert [value for _, value in results] == ["a", "b"]
+
+
+def test_map_drops_leftovers_without_waiting_for_them(shared: list[Any]) -> None:
+    actors = shared[:2]
+    pool = pool_of(actors)
+    sig = signal()
+    pool.submit(hold(sig), "leftover")
+    waiters(sig, 1)
+    results = list(pool.map(tag_of, range(5)))  # the other actor serves them all
+    assert [value for _, value in results] == [0, 1, 2, 3, 4]
+    assert len({tag for tag, _ in results}) == 1
+    assert not pool.has_next()
+    sig.send.remote()
+
+
+def test_leftovers_still_queued_are_never_sent(shared: list[Any]) -> None:
+    actor = shared[0]
+    pool = pool_of([actor])
+    sig = signal()
+    queued = f"queued by {pool!r} at {id(pool)}"
+    pool.submit(hold(sig), "running")
+    pool.submit(tag_of, queued)
+    waiters(sig, 1)
+    results = pool.map(tag_of, ["new"])
+    sig.send.remote()
+    assert list(results) == [(0, "new")]
+    assert queued not in ray.get(actor.values_seen.remote(), timeout=60)
+
+
+def test_get_next_timeout_leaves_the_result_pending(shared: list[Any]) -> None:
+    pool = pool_of(shared[:2])
+    sig = signal()
+    pool.submit(hold(sig), 1)
+    with pytest.raises(TimeoutError):
+        pool.get_next(timeout=0.1)
+    with pytest.raises(TimeoutError):
+        pool.get_next_unordered(timeout=0.1)
+    assert pool.has_next()
+    sig.send.remote()
+    assert pool.get_next(timeout=60)[1] == 1
+
+
+def test_ignore_if_timedout_drops_the_result_and_moves_on(shared: list[Any]) -> None:
+    pool = pool_of(shared[:2])
+    sig = signal()
+    pool.submit(hold(sig), "slow")
+    pool.submit(lambda a, v: a.f.remote(v), 1)
+    with pytest.raises(TimeoutError, match="ignored"):
+        pool.get_next(timeout=0.1, ignore_if_timedout=True)
+    assert pool.get_next(timeout=60) == 2
+    assert not pool.has_next()
+    pool.submit(hold(sig), "slow again")
+    with pytest.raises(TimeoutError, match="ignored"):
+        pool.get_next_unordered(timeout=0.1, ignore_if_timedout=True)
+    assert not pool.has_next()
+    sig.send.remote()
+
+
+def test_several_returns_come_back_as_a_list_and_time_out_cleanly(shared: list[Any]) -> None:
+    pool = pool_of(shared[:2])
+    for _ in range(4):
+        pool.submit(lambda a, v: a.pair.remote(None), None)
+    while pool.has_next():
+        assert pool.get_next(timeout=None) == [1, 2]
+    sig = signal()
+    pool.submit(lambda a, v: a.pair.remote(v), sig)
+    with pytest.raises(TimeoutError):  # Ray 2.60's pool raises TypeError here
+        pool.get_next(timeout=0.1)
+    with pytest.raises(TimeoutError):
+        pool.get_next_unordered(timeout=0.1)
+    sig.send.remote()
+    assert pool.get_next(timeout=60) == [1, 2]
+
+
+def test_nothing_pending_raises_stop_iteration(shared: list[Any]) -> None:
+    pool = pool_of(shared[:1])
+    with pytest.raises(StopIteration):
+        pool.get_next()
+    with pytest.raises(StopIteration):
+        pool.get_next_unordered()
+
+
+def test_get_next_after_get_next_unordered_took_a_later_result_raises_value_error(
+        shared: list[Any]) -> None:
+    pool = pool_of(shared[:2])
+    pool.submit(lambda a, v: a.f.remote(v), 1)
+    assert pool.get_next_unordered(timeout=60) == 2
+    pool.submit(lambda a, v: a.f.remote(v), 2)
+    assert pool.get_next(timeout=60) == 3
+    sig = signal()
+    pool.submit(hold(sig), "first")
+    pool.submit(lambda a, v: a.f.remote(v), 3)
+    assert pool.get_next_unordered(timeout=60) == 4
+    with pytest.raises(ValueError, match="get_next_unordered"):
+        pool.get_next()
+    sig.send.remote()
+    assert pool.get_next_unordered(timeout=60)[1] == "first"
+
+
+def test_pop_idle_returns_an_idle_actor_only(shared: list[Any]) -> None:
+    actors = shared[:1]
+    pool = pool_of(actors)
+    sig = signal()
+    pool.submit(hold(sig), 1)
+    assert pool.pop_idle() is None
+    assert pool.has_free() is False  # the actor is busy
+    sig.send.remote()
+    assert pool.get_next(timeout=60) == (0, 1)
+    assert pool.has_free()
+    assert pool.pop_idle() == actors[0]  # taken out of the pool
+    assert pool.has_free() is False
+
+
+def test_push_adds_an_actor_that_takes_waiting_submissions(shared: list[Any]) -> None:
+    a1, a2, a3 = shared[:3]
+    pool = pool_of([a1])
+    sig = signal()
+    pool.submit(hold(sig), 1)
+    assert pool.has_free() is False  # a1 is busy
+    with pytest.raises(ValueError, match="already belongs"):
+        pool.push(a1)
+    pool.push(a2)
+    assert pool.has_free()  # a2 is free
+    pool.submit(hold(sig), 2)
+    pool.submit(hold(sig), 3)  # waits: both busy
+    assert pool.has_free() is False
+    pool.push(a3)
+    waiters(sig, 3)  # the waiting submission went to a3 at once
+    assert pool.has_free() is False
+    sig.send.remote()
+    assert [pool.get_next(timeout=60) for _ in range(3)] == [(0, 1), (1, 2), (2, 3)]
+
+
+# -- the pool's own semantics ------------------------------------------------------------------
+def test_an_actor_is_free_once_its_call_ends_though_its_result_is_unread(
+        shared: list[Any]) -> None:
+    pool = pool_of(shared[:1])
+    pool.submit(lambda a, v: a.f.remote(v), 1)
+    wait_until(pool.has_free)
+    assert pool.get_next(timeout=60) == 2
+
+
+def test_a_method_error_reaches_the_caller_as_ray_raises_it(shared: list[Any]) -> None:
+    pool = pool_of(shared[:1])
+    pool.submit(lambda a, v: a.fail.remote(v), 3)
+    pool.submit(lambda a, v: a.f.remote(v), 3)
+    with pytest.raises(ValueError, match="bad 3") as raised:
+        pool.get_next(timeout=60)
+    assert isinstance(raised.value, ray.exceptions.RayTaskError)
+    assert pool.get_next(timeout=60) == 4
+
+
+def test_fn_that_raises_at_once_raises_from_submit_and_takes_no_place(
+        shared: list[Any]) -> None:
+    pool = pool_of(shared[:1])
+    with pytest.raises(AttributeError):
+        pool.submit(lambda a, v: a.no_such_method.remote(v), 1)
+    assert not pool.has_next()
+    pool.submit(lambda a, v: a.f.remote(v), 1)
+    assert pool.get_next(timeout=60) == 2
+
+
+def test_a_busy_actor_gets_no_second_call_while_another_is_free(shared: list[Any]) -> None:
+    pool = pool_of(shared[:2])
+    sig = signal()
+    pool.submit(hold(sig), "held")
+    waiters(sig, 1)
+    for i in range(8):
+        pool.submit(tag_of, i)
+    served = [pool.get_next_unordered(timeout=60) for _ in range(8)]
+    assert len({tag for tag, _ in served}) == 1
+    sig.send.remote()
+    held_by = pool.get_next_unordered(timeout=60)[0]
+    assert held_by not in {tag for tag, _ in served}
+
+
+def test_max_in_flight_gives_each_actor_that_many_slots(shared: list[Any]) -> None:
+    pool = pool_of(shared[:2], max_in_flight=2)
+    sig = signal()
+    for i in range(5):
+        pool.submit(hold(sig), i)
+    waiters(sig, 4)
+    assert ray.get(sig.waiting.remote(), timeout=60) == 4  # the fifth waits in the pool
+    assert pool.has_free() is False
+    assert pool.pop_idle() is None
+    sig.send.remote()
+    assert [value for _, value in (pool.get_next(timeout=60) for _ in range(5))] == [0, 1, 2, 3, 4]
+
+
+class FirstFree(am.Balancer):
+    def pick(self, loads: Sequence[am.ActorLoad], affinity: Hashable | None) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("balancer", ["pull", "sed", "pow2", FirstFree()],
+                         ids=["pull", "sed", "pow2", "python-balancer"])
+def test_every_balancer_serves_a_map_in_order(balancer: Any, shared: list[Any]) -> None:
+    pool = pool_of(shared[:2], balancer=balancer, max_in_flight=2)
+    assert list(pool.map(lambda a, v: a.f.remote(v), range(20))) == list(range(1, 21))
+
+
+def test_push_while_calls_run_keeps_their_slots_counted(shared: list[Any]) -> None:
+    a1, a2 = shared[:2]
+    pool = pool_of([a1])
+    sig = signal()
+    pool.submit(hold(sig), 1)
+    waiters(sig, 1)
+    pool.push(a2)
+    pool.submit(hold(sig), 2)  # a1 is still busy: a2 takes it
+    waiters(sig, 2)
+    assert pool.has_free() is False
+    pool.submit(tag_of, 3)  # waits for a slot
+    assert ray.get(sig.waiting.remote(), timeout=60) == 2
+    sig.send.remote()
+    results = [pool.get_next(timeout=60) for _ in range(3)]
+    assert results[:2] == [(0, 1), (1, 2)] and results[2][1] == 3
+
+
+def test_an_emptied_pool_keeps_submissions_until_push(shared: list[Any]) -> None:
+    a1, a2 = shared[:2]
+    pool = pool_of([a1])
+    assert pool.pop_idle() == a1
+    pool.submit(tag_of, 5)
+    assert pool.has_next() and not pool.has_free()
+    with pytest.raises(TimeoutError):
+        pool.get_next(timeout=0.1)
+    pool.push(a2)
+    assert pool.get_next(timeout=60) == (1, 5)
+
+
+def test_a_dead_actor_fails_its_call_and_the_survivors_keep_serving() -> None:
+    actors = members(3)
+    pool = pool_of(actors)
+    sig = signal()
+    for i in range(3):
+        pool.submit(hold(sig), i)
+    waiters(sig, 3)
+    ray.kill(actors[1])
+    sig.send.remote()
+    results, died = [], 0
+    for _ in range(3):
+        try:
+            results.append(pool.get_next(timeout=60))
+        except am.ActorDiedError:
+            died += 1
+    assert died == 1 and {tag for tag, _ in results} == {0, 2}
+    served = pool.map(tag_of, range(12))
+    assert {tag for tag, _ in served} <= {0, 2}
+    assert pool.pop_idle() != actors[1]
+
+
+def test_with_retries_a_dead_actors_call_runs_again_elsewhere() -> None:
+    actors = members(3)
+    pool = pool_of(actors, retries=1)
+    sig = signal()
+    for i in range(3):
+        pool.submit(hold(sig), i)
+    waiters(sig, 3)
+    ray.kill(actors[1])
+    sig.send.remote()
+    results = [pool.get_next(timeout=60) for _ in range(3)]
+    assert [value for _, value in results] == [0, 1, 2]
+    assert {tag for tag, _ in results} <= {0, 2}
+
+
+def test_when_every_actor_is_dead_calls_fail_instead_of_hanging() -> None:
+    actors = members(2)
+    pool = pool_of(actors)
+    sig = signal()
+    for i in range(3):
+        pool.submit(hold(sig), i)  # two run, one waits for a slot
+    waiters(sig, 2)
+    for actor in actors:
+        ray.kill(actor)
+    errors = []
+    for _ in range(3):
+        with pytest.raises(am.MeshError) as raised:
+            pool.get_next(timeout=60)
+        errors.append(type(raised.value))
+    assert errors == [am.ActorDiedError, am.ActorDiedError, am.NoLiveActorsError]
+    pool.submit(tag_of, 3)
+    with pytest.raises(am.NoLiveActorsError):
+        pool.get_next(timeout=60)
+    assert pool.has_free() is False and pool.pop_idle() is None
+
+
+def test_bad_input_is_refused_clearly(shared: list[Any]) -> None:
+    actors = shared[:1]
+    with pytest.raises(TypeError, match="Ray actor handles"):
+        ActorPool([object()])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="given twice"):
+        ActorPool([actors[0], actors[0]])
+    with pytest.raises(ValueError, match="max_in_flight=0"):
+        ActorPool(actors, max_in_flight=0)
+    with pytest.raises(ValueError, match="retries=-1"):
+        ActorPool(actors, retries=-1)
+    with pytest.raises(ValueError, match="'fastest'"):
+        ActorPool(actors, balancer="fastest")  # type: ignore[arg-type]
+    pool = pool_of(actors)
+    with pytest.raises(ValueError, match="timeout=-1"):
+        pool.get_next(timeout=-1)
+    with pytest.raises(TypeError, match="push takes a Ray actor handle"):
+        pool.push("actor")  # type: ignore[arg-type]
