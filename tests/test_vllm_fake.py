@@ -4,6 +4,8 @@ routing, pauses, weights and failover on real actors with deterministic fake eng
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -359,3 +361,17 @@ def test_an_async_context_shuts_the_pool_down() -> None:
     pool = asyncio.run(run())
     with pytest.raises(am.MeshError, match="shut down"):
         pool.generate(PROMPT)
+
+
+def test_vllm_engine_arguments_are_checked_on_the_driver(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="engine_args\\['model'\\]"):
+        EnginePool(str(tmp_path), engine_args={"model": "other"})
+    with pytest.raises(ValueError, match="no such directory"):
+        EnginePool(str(tmp_path / "missing"))
+
+
+def test_importing_the_integration_imports_neither_vllm_nor_torch() -> None:
+    code = ("import sys, actormesh.integrations.vllm; "
+            "print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
