@@ -254,30 +254,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"ray.init: {time.perf_counter() - started:.1f} s", flush=True)
     results: dict[str, Any] = {"repeats": args.repeats, "rounds": args.rounds, "startup": {},
                                "forming": {}}
+    print(f"{'what':<60} {'median':>9} {'min':>9} {'max':>9}", flush=True)
     for shape in ({"rank": 2}, {"dp": 2, "tp": 2}):
-        results["startup"][",".join(f"{d}={n}" for d, n in shape.items())] = startup(
-            shape, args.repeats)
-    for shape in ({"rank": 2}, {"dp": 2, "tp": 2}):
-        results["forming"][",".join(f"{d}={n}" for d, n in shape.items())] = forming(
-            shape, args.rounds)
-    results["state_dict"] = state_dict_transfer(args.mb, args.tensors, args.rounds)
-
-    print(f"\n{'what':<60} {'median':>9} {'min':>9} {'max':>9}")
-    for label, row in results["startup"].items():
+        label = ",".join(f"{d}={n}" for d, n in shape.items())
+        row = results["startup"][label] = startup(shape, args.repeats)
         for name, key in (("TorchMesh until the world is formed", "torch_mesh"),
                           ("plain ActorMesh until ready", "actor_mesh"),
                           ("difference per pair of runs", "difference")):
-            print(f"{f'start-up {label}: {name}':<60} {fmt(row[key])}")
-    for label, row in results["forming"].items():
-        print(f"{f'over running actors {label}: forming the world':<60} {fmt(row['world'])}")
-        print(f"{f'over running actors {label}: forming a link over them':<60} "
-              f"{fmt(row['link'])}")
-    cast = results["state_dict"]
+            report(f"start-up {label}: {name}", row[key])
+    for shape in ({"rank": 2}, {"dp": 2, "tp": 2}):
+        label = ",".join(f"{d}={n}" for d, n in shape.items())
+        row = results["forming"][label] = forming(shape, args.rounds)
+        report(f"over running actors {label}: forming the world", row["world"])
+        report(f"over running actors {label}: forming a link over them", row["link"])
+    cast = results["state_dict"] = state_dict_transfer(args.mb, args.tensors, args.rounds)
     what = f"{cast['megabytes']:.0f} MB, {cast['tensors']} tensors, 1 -> 3"
     for name, key in (("link (gloo broadcast)", "link_broadcast"),
                       ("object store (torch, put once)", "object_store"),
                       ("object store (numpy views, put once)", "object_store_numpy")):
-        print(f"{f'{what}: {name}':<60} {fmt(cast[key])}")
+        report(f"{what}: {name}", cast[key])
     for name, key in (("torch tensors", "object_store"), ("numpy views", "object_store_numpy")):
         ratio = cast["ratio_to_link"][key]
         print(f"object store ({name}) time / link time, per round: median "
@@ -288,8 +283,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return results
 
 
-def fmt(row: dict[str, float]) -> str:
-    return f"{row['median_s']:>8.3f}s {row['min_s']:>8.3f}s {row['max_s']:>8.3f}s"
+def report(label: str, row: dict[str, float]) -> None:
+    """One line of the table, printed as soon as it is measured."""
+    print(f"{label:<60} {row['median_s']:>8.3f}s {row['min_s']:>8.3f}s {row['max_s']:>8.3f}s",
+          flush=True)
 
 
 if __name__ == "__main__":
