@@ -11,7 +11,7 @@ import dataclasses
 import math
 import random
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from . import _native
 
@@ -32,11 +32,23 @@ class ActorLoad:
 
 
 class Balancer(abc.ABC):
-    """A routing policy written in Python. Pass an instance as `ActorMesh(..., balancer=)`."""
+    """A routing policy written in Python. Pass an instance as `ActorMesh(..., balancer=)`.
+
+    `pick` runs inside the native scheduler, under its lock, on the thread that makes the call
+    or on the library's loop thread (for calls that waited for a slot): keep it short, and do
+    not call the mesh from it (that would wait for the lock it holds).
+
+    A balancer that routes by key itself (cache-aware routing) sets `routes_by_key = True`: the
+    native stickiness is then off, and `pick` sees every keyed call with its key.
+    """
+
+    routes_by_key: ClassVar[bool] = False
 
     @abc.abstractmethod
     def pick(self, loads: Sequence[ActorLoad], affinity: Hashable | None) -> int:
-        """Return an index into `loads`: the live candidates with a free slot, in rank order."""
+        """Return an index into `loads`: the live candidates with a free slot, in rank order,
+        `.rank` being the rank in the (sub-)mesh called (as in `mesh.load()` and results).
+        `affinity` is the call's key exactly as given to `options(affinity=...)`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +115,7 @@ BalancerSpec = PolicyName | Policy | Balancer
 
 
 def make_scheduler(
-    num_actors: int, spec: BalancerSpec, max_in_flight: int | None, keys: AffinityKeys
+    num_actors: int, spec: BalancerSpec, max_in_flight: int | None
 ) -> _native.Scheduler:
     """The native scheduler for one mesh, from the `balancer=` and `max_in_flight=` arguments."""
     if isinstance(spec, Balancer):
@@ -111,7 +123,7 @@ def make_scheduler(
             raise ValueError(f"max_in_flight={max_in_flight!r}: must be an int >= 1")
         return _native.Scheduler(
             num_actors, "pow2", max_in_flight=max_in_flight or 0, eject_after=Policy.eject_after,
-            picker=_Picker(spec, keys),
+            sticky=not spec.routes_by_key, picker=_Picker(spec),
         )
     if isinstance(spec, str):
         spec = Policy(spec)  # validated by Policy
@@ -135,41 +147,20 @@ def make_scheduler(
     )
 
 
-class AffinityKeys:
-    """Affinity keys by their routing hash, so a Python `Balancer` sees the key it was given.
-
-    The native core routes on 63-bit hashes; it never holds Python objects. Bounded: the oldest
-    keys are forgotten first, like the core's own affinity table.
-    """
-
-    def __init__(self, capacity: int = 65536) -> None:
-        self._keys: dict[int, Hashable] = {}
-        self._capacity = capacity
-
-    def hash(self, key: Hashable | None, remember: bool) -> int | None:
-        if key is None:
-            return None
-        h = hash(key) & 0x7FFF_FFFF_FFFF_FFFF
-        if remember:
-            self._keys.pop(h, None)
-            self._keys[h] = key
-            if len(self._keys) > self._capacity:
-                self._keys.pop(next(iter(self._keys)), None)
-        return h
-
-    def key(self, h: int | None) -> Hashable | None:
-        return None if h is None else self._keys.get(h, h)
+def affinity_hash(key: Hashable | None) -> int | None:
+    """The 63-bit hash the native core routes a key by (it never holds Python objects)."""
+    return None if key is None else hash(key) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 class _Picker:
-    """Adapts a `Balancer` to the native `external` policy's callback."""
+    """Adapts a `Balancer` to the native `external` policy's callback, which is shown the call
+    being placed: its key as given, and the view it was made through, for view ranks."""
 
-    def __init__(self, balancer: Balancer, keys: AffinityKeys) -> None:
+    def __init__(self, balancer: Balancer) -> None:
         self._balancer = balancer
-        self._keys = keys
 
-    def __call__(
-        self, ranks: list[int], in_flight: list[int], latency: list[float], affinity: int | None
-    ) -> int:
-        loads = [ActorLoad(r, n, s) for r, n, s in zip(ranks, in_flight, latency)]
-        return self._balancer.pick(loads, self._keys.key(affinity))
+    def __call__(self, actors: list[int], in_flight: list[int], latency: list[float],
+                 affinity: int | None, call: Any) -> int:
+        position = call.target.position
+        loads = [ActorLoad(position(a), n, t) for a, n, t in zip(actors, in_flight, latency)]
+        return self._balancer.pick(loads, call.key)

@@ -22,13 +22,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol
 
 import ray
 from ray.exceptions import RayError
 
 from . import _loop, _native, _ray
+from ._balancer import affinity_hash
 from ._errors import MeshError, MeshTimeoutError, NoLiveActorsError, from_ray
 from ._failures import Failures
 from ._shape import Point, format_coords
@@ -46,22 +47,22 @@ class Call:
     out, no actor to take it, the mesh shut down).
     """
 
-    __slots__ = ("router", "method", "fn", "args", "kwargs", "group", "affinity", "retries",
-                 "future", "actor", "epoch", "ticket", "ref", "out", "started", "outcome",
-                 "_point", "_view")
+    __slots__ = ("router", "method", "fn", "args", "kwargs", "target", "key", "affinity",
+                 "retries", "future", "actor", "epoch", "ticket", "ref", "out", "started",
+                 "outcome", "_point")
 
     def __init__(self, router: Router, method: str, args: tuple[Any, ...],
                  kwargs: dict[str, Any], *, point: Point | None = None,
-                 view: Callable[[int], Point] | None = None, group: int = -1,
-                 affinity: int | None = None, retries: int = 0,
+                 target: Routed | None = None, key: Hashable | None = None, retries: int = 0,
                  fn: SendFn | None = None) -> None:
         self.router = router
         self.method = method
         self.fn = fn  # makes the Ray call itself, given the actor's handle (ActorPool.submit)
         self.args = args
         self.kwargs = kwargs
-        self.group = group  # the scheduler group `choose` routes in; -1 for a call sent directly
-        self.affinity = affinity
+        self.target = target  # the view `choose` routes in (its group); None: sent directly
+        self.key = key  # the affinity key as given; `affinity` is what the core routes by
+        self.affinity = affinity_hash(key)
         self.retries = retries
         self.future: cf.Future[Any] = cf.Future()
         self.actor = -1  # set with `epoch`, `ref` and `started` when sent
@@ -72,15 +73,14 @@ class Call:
         self.started = 0.0
         self.outcome = _ray.OK  # how it ended (`_ray.outcome`), once it has
         self._point = point
-        self._view = view
 
     @property
     def point(self) -> Point:
         """The called actor's point in the mesh it was called through (known once sent)."""
         if self._point is None:
-            if self._view is None or self.actor < 0:
+            if self.target is None or self.actor < 0:
                 raise RuntimeError(f"{self.method}: the call was never sent to an actor")
-            self._point = self._view(self.actor)
+            self._point = self.target.point_of(self.actor)
         return self._point
 
     def error(self, error: RayError) -> BaseException:
@@ -109,6 +109,14 @@ def settle_future(future: cf.Future[Any], value: Any, error: BaseException | Non
     except cf.InvalidStateError:
         return False
     return True
+
+
+class Routed(Protocol):
+    """The view a routed call was made through (`_method.Target`)."""
+
+    @property
+    def group(self) -> int: ...
+    def point_of(self, actor: int) -> Point: ...
 
 
 SendFn = Callable[..., Any]
@@ -167,8 +175,10 @@ class Router:
         if self.closed:
             call.fail(MeshError(f"{call.method}: the mesh is shut down"))
             return
+        assert call.target is not None
         try:
-            decision = self.scheduler.submit(call.group, call.affinity, call, time.perf_counter())
+            decision = self.scheduler.submit(call.target.group, call.affinity, call,
+                                             time.perf_counter())
         except _native.NoLiveActors as err:
             call.fail(NoLiveActorsError(f"{call.method}: {err}"))
             return
@@ -251,7 +261,7 @@ class Router:
                                                   outcome == _ray.OK, self._drain_inline),
                           call.actor)
             if lost:
-                if call.retries > 0 and call.group >= 0 and not call.future.done():
+                if call.retries > 0 and call.target is not None and not call.future.done():
                     call.retries -= 1
                     _loop.post(self.route, call)
                     return

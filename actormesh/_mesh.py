@@ -16,7 +16,7 @@ from typing_extensions import ParamSpec
 
 from . import _loop, _ray
 from ._actor import RUN, Identity, method_def, remote_class
-from ._balancer import ActorLoad, AffinityKeys, Balancer, BalancerSpec, make_scheduler
+from ._balancer import ActorLoad, Balancer, BalancerSpec, make_scheduler
 from ._calls import Router
 from ._failures import ActorStates
 from ._future import MeshFuture, ValueMesh
@@ -53,8 +53,6 @@ class _Root:
     method_names: frozenset[str]  # of actors made elsewhere, from their handles
     shape: Shape
     router: Router
-    keys: AffinityKeys
-    external: bool
     label: str
     run_method: str  # what `run_in_actors` calls
     cleanup: weakref.finalize[..., _Root] = dataclasses.field(init=False)
@@ -116,8 +114,7 @@ class ActorMesh(Selectable, Generic[T]):
                 )
         user_kwargs = dict(kwargs or {})
         check_init_args(actor_cls, tuple(args), user_kwargs)
-        keys = AffinityKeys()
-        scheduler = make_scheduler(full.size, balancer, max_in_flight, keys)
+        scheduler = make_scheduler(full.size, balancer, max_in_flight)
         label = name or actor_cls.__name__
 
         if not ray.is_initialized():
@@ -149,7 +146,7 @@ class ActorMesh(Selectable, Generic[T]):
         self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full, Router(
             handles, [Point(r, full) for r in range(full.size)], scheduler,
             defer_drain=isinstance(balancer, Balancer), restart_timeout_s=restart_timeout_s,
-        ), keys, isinstance(balancer, Balancer), label, RUN), handles, placed, on_restart,
+        ), label, RUN), handles, placed, on_restart,
             owned=True)
 
     @classmethod
@@ -183,8 +180,7 @@ class ActorMesh(Selectable, Generic[T]):
             raise ValueError(f"shape {full} has {full.size} points but {len(handles)} actors "
                              "were given")
         check_timeout("restart_timeout_s", restart_timeout_s)
-        keys = AffinityKeys()
-        scheduler = make_scheduler(full.size, balancer, max_in_flight, keys)
+        scheduler = make_scheduler(full.size, balancer, max_in_flight)
         class_name = _ray.class_name(handles[0])
         ActorStates.get().start()
         router = Router(handles, [Point(r, full) for r in range(full.size)], scheduler,
@@ -192,7 +188,7 @@ class ActorMesh(Selectable, Generic[T]):
                         restart_timeout_s=restart_timeout_s)
         mesh: ActorMesh[T] = object.__new__(ActorMesh)
         mesh._assemble(_Root(None, class_name, frozenset(_ray.method_names(handles[0])), full,
-                             router, keys, isinstance(balancer, Balancer), name or class_name,
+                             router, name or class_name,
                              "__ray_call__"), handles, None, None, owned=False)
         return mesh
 
@@ -214,8 +210,7 @@ class ActorMesh(Selectable, Generic[T]):
     # -- views --------------------------------------------------------------------------------
     def _init_view(self, shape: Shape, actors: tuple[int, ...]) -> None:
         root = self._root
-        self._target = Target(shape, actors, root.router, root.label, root.class_name,
-                              root.keys, root.external)
+        self._target = Target(shape, actors, root.router, root.label, root.class_name)
         self._methods = _Methods(self)
 
     @staticmethod

@@ -18,13 +18,13 @@ import functools
 import inspect
 import math
 import types
+import weakref
 from collections.abc import Callable, Coroutine, Hashable, Iterable, Sequence
 from typing import Any, Concatenate, Generic, Protocol, TypeVar, overload
 
 from typing_extensions import ParamSpec, Self
 
-from . import _share
-from ._balancer import AffinityKeys
+from . import _loop, _share
 from ._calls import Call, Router
 from ._future import MeshFuture, MeshMap, ValueMesh
 from ._shape import Point, Shape
@@ -71,31 +71,38 @@ def check_timeout(what: str, value: float | None) -> None:
 class Target:
     """What the verbs need of the mesh or view they call, and nothing else."""
 
-    __slots__ = ("shape", "actors", "router", "label", "class_name", "_keys", "_remember_keys",
-                 "_group", "point_of")
+    __slots__ = ("shape", "actors", "router", "label", "class_name", "_positions", "_group",
+                 "__weakref__")
 
     def __init__(self, shape: Shape, actors: tuple[int, ...], router: Router, label: str,
-                 class_name: str, keys: AffinityKeys, remember_keys: bool) -> None:
+                 class_name: str) -> None:
         self.shape = shape
         self.actors = actors  # the mesh's actor index at each position of this view
         self.router = router
         self.label = label
         self.class_name = class_name
-        self._keys = keys
-        self._remember_keys = remember_keys  # a Python Balancer is shown the keys as given
+        self._positions: dict[int, int] | None = None
         self._group = -1
-        local = {actor: position for position, actor in enumerate(actors)}
-        self.point_of: Callable[[int], Point] = lambda actor: Point(local[actor], shape)
 
     @property
     def group(self) -> int:
-        """This view's group in the scheduler, registered when `choose` first needs it."""
+        """This view's group in the scheduler, registered when `choose` first needs it and
+        freed when the view (and every call made through it) is gone."""
         if self._group < 0:
-            self._group = self.router.scheduler.add_group(list(self.actors))
+            scheduler = self.router.scheduler
+            self._group = scheduler.add_group(list(self.actors))
+            if self._group != 0:
+                weakref.finalize(self, _loop.post, scheduler.remove_group, self._group)
         return self._group
 
-    def affinity(self, key: Hashable | None) -> int | None:
-        return None if key is None else self._keys.hash(key, remember=self._remember_keys)
+    def position(self, actor: int) -> int:
+        """The rank in this view of the mesh's actor `actor`."""
+        if self._positions is None:
+            self._positions = {a: p for p, a in enumerate(self.actors)}
+        return self._positions[actor]
+
+    def point_of(self, actor: int) -> Point:
+        return Point(self.position(actor), self.shape)
 
 
 class _Unary(Protocol[A_contra, R]):
@@ -132,8 +139,8 @@ class MeshMethod(Generic[P, R_co]):
         router = target.router
         if router.closed:
             router.check_open(self._name)
-        call = Call(router, self._name, args, kwargs, view=target.point_of, group=target.group,
-                    affinity=target.affinity(options.affinity), retries=options.retries)
+        call = Call(router, self._name, args, kwargs, target=target, key=options.affinity,
+                    retries=options.retries)
         future: MeshFuture[R_co] = MeshFuture.of_call(
             call, self._choose_label, return_exceptions=options.return_exceptions)
         router.route(call)

@@ -122,11 +122,14 @@ Picker wrap_picker(PickerRef picker) {
       throw nb::python_error();
     }
     nb::object affinity = c.affinity ? nb::cast(*c.affinity) : nb::none();
+    // Borrowed: the call's payload is owned by the caller of submit, or by its queue.
+    nb::handle payload = c.payload == 0 ? nb::handle(Py_None)
+                                        : nb::handle(reinterpret_cast<PyObject*>(c.payload));
     nb::object result;
     {
       const PickerScope picking;
       result = (*picker)(nb::cast(c.ranks), nb::cast(c.in_flight), nb::cast(c.mean_latency_s),
-                         affinity);
+                         affinity, payload);
     }
     int64_t index;
     if (!nb::try_cast(result, index)) {
@@ -253,7 +256,7 @@ NB_MODULE(_native, m) {
           "__init__",
           [](PyScheduler* self, int64_t num_actors, std::string policy, int64_t max_in_flight,
              uint64_t seed, double ewma_alpha, double prior_s, int64_t affinity_abs,
-             double affinity_rel, int64_t affinity_capacity, int64_t eject_after,
+             double affinity_rel, int64_t affinity_capacity, bool sticky, int64_t eject_after,
              double eject_base_s, double eject_max_s, std::optional<nb::callable> picker) {
             SchedulerConfig config;
             config.num_actors = num_actors;
@@ -265,6 +268,7 @@ NB_MODULE(_native, m) {
             config.affinity_abs = affinity_abs;
             config.affinity_rel = affinity_rel;
             config.affinity_capacity = affinity_capacity;
+            config.sticky = sticky;
             config.eject_after = eject_after;
             config.eject_base_s = eject_base_s;
             config.eject_max_s = eject_max_s;
@@ -277,7 +281,8 @@ NB_MODULE(_native, m) {
           },
           "num_actors"_a, "policy"_a = "pow2", nb::kw_only(), "max_in_flight"_a = 0,
           "seed"_a = 0, "ewma_alpha"_a = 0.2, "prior_s"_a = 0.0, "affinity_abs"_a = 2,
-          "affinity_rel"_a = 1.5, "affinity_capacity"_a = 65536, "eject_after"_a = 0,
+          "affinity_rel"_a = 1.5, "affinity_capacity"_a = 65536, "sticky"_a = true,
+          "eject_after"_a = 0,
           "eject_base_s"_a = 1.0, "eject_max_s"_a = 30.0, "picker"_a = nb::none())
       .def(
           "add_group",
@@ -285,6 +290,12 @@ NB_MODULE(_native, m) {
             return with_gil_rule(s, [&] { return s.add_group(members); });
           },
           "members"_a)
+      .def(
+          "remove_group",
+          [](PyScheduler& s, int64_t group) { with_gil_rule(s, [&] { s.remove_group(group); }); },
+          "group"_a)
+      .def("num_groups",
+           [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.num_groups(); }); })
       .def(
           "group_members",
           [](PyScheduler& s, int64_t group) {

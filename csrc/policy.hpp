@@ -26,6 +26,7 @@ struct PickContext {
   SplitMix64& rng;
   std::optional<uint64_t> affinity;
   bool fallback = false;                 // candidates: eligible members, ejected ones included
+  uint64_t payload = 0;                  // the caller's handle on the call (external policy)
 };
 
 // A policy keeps whatever index it needs over one group's members (positions into `members`)

@@ -33,7 +33,8 @@ class ExternalPolicy final : public Policy {
       in_flight_.push_back(load.in_flight);
       latency_.push_back(load.measured ? load.ewma_s : std::numeric_limits<double>::quiet_NaN());
     }
-    const int64_t index = (*picker_)(Candidates{ranks_, in_flight_, latency_, ctx.affinity});
+    const int64_t index =
+        (*picker_)(Candidates{ranks_, in_flight_, latency_, ctx.affinity, ctx.payload});
     if (index < 0 || index >= static_cast<int64_t>(positions_.size())) {
       throw std::invalid_argument("picker returned index " + std::to_string(index) + " for " +
                                   std::to_string(positions_.size()) +

@@ -95,9 +95,11 @@ uint32_t Scheduler::check_actor(int64_t actor) const {
 }
 
 uint32_t Scheduler::check_group(int64_t group) const {
-  if (group < 0 || static_cast<uint64_t>(group) >= groups_.size()) {
+  if (group < 0 || static_cast<uint64_t>(group) >= groups_.size() ||
+      groups_[static_cast<size_t>(group)].users == 0) {
     throw std::out_of_range("group " + std::to_string(group) + " unknown (" +
-                            std::to_string(groups_.size()) + " groups registered)");
+                            std::to_string(groups_.size() - free_ids_.size()) +
+                            " groups registered)");
   }
   return static_cast<uint32_t>(group);
 }
@@ -121,11 +123,21 @@ uint32_t Scheduler::add_group(const std::vector<int64_t>& members) {
     throw std::invalid_argument("group members: actor " + std::to_string(*duplicate) +
                                 " listed twice");
   }
-  if (const auto known = group_ids_.find(sorted); known != group_ids_.end()) return known->second;
+  if (const auto known = group_ids_.find(sorted); known != group_ids_.end()) {
+    Group& g = groups_[known->second];
+    ++g.users;
+    g.retired = false;
+    return known->second;
+  }
 
-  const uint32_t id = static_cast<uint32_t>(groups_.size());
+  uint32_t id = static_cast<uint32_t>(groups_.size());
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+  }
   const uint32_t size = static_cast<uint32_t>(sorted.size());
   Group group;
+  group.users = 1;
   group.policy = make_policy(settings_, size);
   for (uint32_t pos = 0; pos < size; ++pos) {
     const uint32_t actor = sorted[pos];
@@ -140,9 +152,51 @@ uint32_t Scheduler::add_group(const std::vector<int64_t>& members) {
     memberships_[actor].push_back({id, pos});
   }
   group.members = sorted;
-  groups_.push_back(std::move(group));
+  if (id == groups_.size()) {
+    groups_.push_back(std::move(group));
+  } else {
+    groups_[id] = std::move(group);
+  }
   group_ids_.emplace(std::move(sorted), id);
   return id;
+}
+
+void Scheduler::remove_group(int64_t group) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint32_t id = check_group(group);
+  if (id == 0) throw std::invalid_argument("group 0 (every actor) cannot be removed");
+  Group& g = groups_[id];
+  if (--g.users > 0) return;
+  if (g.queue.empty()) {
+    free_group(id);
+  } else {
+    g.retired = true;  // its queued calls still need its members; freed once they are gone
+    ++g.users;         // kept registered (and valid) until then
+  }
+}
+
+void Scheduler::free_if_retired(uint32_t group) {
+  Group& g = groups_[group];
+  if (g.retired && g.queue.empty()) free_group(group);
+}
+
+// Drops a group: its members forget it, its id is reused. A group nobody uses costs nothing.
+void Scheduler::free_group(uint32_t group) {
+  Group& g = groups_[group];
+  for (const uint32_t actor : g.members) {
+    std::vector<Membership>& of_actor = memberships_[actor];
+    of_actor.erase(std::remove_if(of_actor.begin(), of_actor.end(),
+                                  [&](const Membership& m) { return m.group == group; }),
+                   of_actor.end());
+  }
+  group_ids_.erase(g.members);
+  g = Group{};
+  free_ids_.push_back(group);
+}
+
+uint32_t Scheduler::num_groups() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<uint32_t>(groups_.size() - free_ids_.size());
 }
 
 std::vector<uint32_t> Scheduler::group_members(int64_t group) const {
@@ -208,8 +262,9 @@ uint32_t Scheduler::least_loaded_eligible(const Group& group) const {
 
 // The group must have an eligible member. May throw only from an external picker, before any
 // state other than the affinity table's recency has changed.
-uint32_t Scheduler::choose(uint32_t group, std::optional<uint64_t> affinity) {
-  if (affinity) {
+uint32_t Scheduler::choose(uint32_t group, std::optional<uint64_t> affinity, uint64_t payload) {
+  const bool sticky = affinity && config_.sticky;
+  if (sticky) {
     const std::optional<uint32_t> last = affinity_.find(*affinity);
     if (last && sticks(group, *last)) {
       affinity_.assign(*affinity, *last);
@@ -219,14 +274,16 @@ uint32_t Scheduler::choose(uint32_t group, std::optional<uint64_t> affinity) {
   Group& g = groups_[group];
   uint32_t pos;
   if (g.preferred > 0) {
-    pos = g.policy->pick(PickContext{loads_, g.members, g.preferred, rng_, affinity});
+    pos = g.policy->pick(PickContext{loads_, g.members, g.preferred, rng_, affinity, false,
+                                     payload});
   } else if (settings_.kind == PolicyKind::external) {
-    pos = g.policy->pick(PickContext{loads_, g.members, g.eligible, rng_, affinity, true});
+    pos = g.policy->pick(PickContext{loads_, g.members, g.eligible, rng_, affinity, true,
+                                     payload});
   } else {
     pos = least_loaded_eligible(g);
   }
   const uint32_t actor = g.members[pos];
-  if (affinity) affinity_.assign(*affinity, actor);
+  if (sticky) affinity_.assign(*affinity, actor);
   return actor;
 }
 
@@ -247,7 +304,7 @@ Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint
     queued_.emplace(ticket, QueuePlace{id, std::prev(g.queue.end())});
     return {ticket, -1, payload};
   }
-  const uint32_t actor = choose(id, affinity);
+  const uint32_t actor = choose(id, affinity, payload);
   dispatch(actor);
   return {next_ticket_++, static_cast<int32_t>(actor), 0};
 }
@@ -274,16 +331,18 @@ Drain Scheduler::drain_locked(uint32_t actor) {
     queued_.erase(call.ticket);
     uint32_t chosen;
     try {
-      chosen = choose(best, call.affinity);
+      chosen = choose(best, call.affinity, call.payload);
     } catch (...) {
       // Keeping the call queued would strand it (and the calls behind it) while slots are free:
       // nothing polls, and no later event may come. So it leaves the queue as failed.
       if (!out.error) out.error = std::current_exception();
       out.failed.push_back({call.ticket, -1, call.payload});
+      free_if_retired(best);
       continue;
     }
     dispatch(chosen);
     out.dispatched.push_back({call.ticket, static_cast<int32_t>(chosen), call.payload});
+    free_if_retired(best);
   }
   return out;
 }
@@ -375,8 +434,10 @@ std::optional<uint64_t> Scheduler::cancel(uint64_t ticket) {
   const auto it = queued_.find(ticket);
   if (it == queued_.end()) return std::nullopt;
   const uint64_t payload = it->second.call->payload;
-  groups_[it->second.group].queue.erase(it->second.call);
+  const uint32_t group = it->second.group;
+  groups_[group].queue.erase(it->second.call);
   queued_.erase(it);
+  free_if_retired(group);
   return payload;
 }
 
@@ -390,6 +451,7 @@ std::vector<Decision> Scheduler::mark_dead(int64_t actor, bool restarting) {
   changed(a, before);
   std::vector<Decision> orphaned;
   if (restarting) return orphaned;
+  std::vector<uint32_t> emptied;
   for (const Membership& m : memberships_[a]) {
     Group& g = groups_[m.group];
     if (g.live > 0) continue;
@@ -398,7 +460,9 @@ std::vector<Decision> Scheduler::mark_dead(int64_t actor, bool restarting) {
       queued_.erase(call.ticket);
     }
     g.queue.clear();
+    if (g.retired) emptied.push_back(m.group);
   }
+  for (const uint32_t group : emptied) free_group(group);  // after the loop over memberships
   std::sort(orphaned.begin(), orphaned.end(),
             [](const Decision& x, const Decision& y) { return x.ticket < y.ticket; });
   return orphaned;
@@ -418,9 +482,11 @@ Drain Scheduler::mark_alive(int64_t actor) {
 std::vector<Decision> Scheduler::take_queued() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Decision> out;
-  for (Group& g : groups_) {
+  for (uint32_t group = 0; group < groups_.size(); ++group) {
+    Group& g = groups_[group];
     for (const QueuedCall& call : g.queue) out.push_back({call.ticket, -1, call.payload});
     g.queue.clear();
+    free_if_retired(group);
   }
   queued_.clear();
   std::sort(out.begin(), out.end(),

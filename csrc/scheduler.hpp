@@ -34,6 +34,8 @@ struct SchedulerConfig {
   // Outlier ejection: after `eject_after` failed calls in a row (0: never) an actor is passed
   // over for eject_base_s, doubled at each ejection without a success in between, at most
   // eject_max_s.
+  // False: affinity keys are only passed on to the picker, which routes by key itself.
+  bool sticky = true;
   int64_t eject_after = 0;
   double eject_base_s = 1.0;
   double eject_max_s = 30.0;
@@ -66,8 +68,12 @@ class Scheduler {
  public:
   explicit Scheduler(SchedulerConfig config);
 
+  // Registers a group (the same members again: the same id, one more user).
   uint32_t add_group(const std::vector<int64_t>& members);
+  // One user fewer; the last one frees the group (once its queue is empty) and its id for reuse.
+  void remove_group(int64_t group);
   std::vector<uint32_t> group_members(int64_t group) const;
+  uint32_t num_groups() const;
 
   // Picks an actor for a call, or queues the call with its payload. `now_s` (the clock of
   // complete's times; NaN: unknown) ends the ejections that are due.
@@ -134,10 +140,12 @@ class Scheduler {
   // Propagates a change of `actor`'s load, liveness or ejection to every group it belongs to.
   void changed(uint32_t actor, const Standing& before);
   void dispatch(uint32_t actor);
-  uint32_t choose(uint32_t group, std::optional<uint64_t> affinity);
+  uint32_t choose(uint32_t group, std::optional<uint64_t> affinity, uint64_t payload);
   uint32_t least_loaded_eligible(const Group& group) const;
   bool sticks(uint32_t group, uint32_t actor) const;
   Drain drain_locked(uint32_t actor);
+  void free_group(uint32_t group);
+  void free_if_retired(uint32_t group);
   void eject_if_due(uint32_t actor, double now_s);
   void end_ejections(double now_s);
 
@@ -149,6 +157,7 @@ class Scheduler {
   AffinityTable affinity_;
   std::vector<Group> groups_;
   std::map<std::vector<uint32_t>, uint32_t> group_ids_;  // members -> group, for deduplication
+  std::vector<uint32_t> free_ids_;                       // freed groups, for reuse
   std::vector<std::vector<Membership>> memberships_;     // per actor
   std::unordered_map<uint64_t, QueuePlace> queued_;      // ticket -> its place in a queue
   uint64_t next_ticket_ = 1;

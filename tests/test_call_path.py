@@ -26,7 +26,7 @@ from ray.exceptions import RayTaskError
 
 import actormesh as am
 from actormesh import _calls, _future, _loop, _native, _ray
-from actormesh._balancer import AffinityKeys, make_scheduler
+from actormesh._balancer import make_scheduler
 from actormesh._calls import Router
 from actormesh._method import CallOptions, MeshMethod, Target
 from actormesh._shape import Point, Shape
@@ -76,20 +76,18 @@ class Harness:
         self.sent_from: list[str] = []
         self.handles = [FakeHandle(a, self) for a in range(actors)]
         shape = Shape({"rank": actors})
-        scheduler = make_scheduler(actors, balancer, max_in_flight, AffinityKeys())
+        scheduler = make_scheduler(actors, balancer, max_in_flight)
         self.router = Router(self.handles, [Point(r, shape) for r in range(actors)], scheduler,
                              defer_drain=isinstance(balancer, am.Balancer),
                              restart_timeout_s=restart_timeout_s)
-        self.target = Target(shape, tuple(range(actors)), self.router, "Fake", object,
-                             AffinityKeys(), False)
+        self.target = Target(shape, tuple(range(actors)), self.router, "Fake", "Fake")
         self.ray_thread = _RayThread()
 
     def method(self, name: str = "f", **options: Any) -> MeshMethod[..., Any]:
         return MeshMethod(self.target, name, CallOptions(**options))
 
     def view(self, *actors: int) -> MeshMethod[..., Any]:
-        target = Target(Shape({"rank": len(actors)}), actors, self.router, "Fake", object,
-                        AffinityKeys(), False)
+        target = Target(Shape({"rank": len(actors)}), actors, self.router, "Fake", "Fake")
         return MeshMethod(target, "f", CallOptions())
 
     @property
@@ -572,3 +570,56 @@ def test_many_calls_with_cancels_and_timeouts_in_every_order_end_once_and_free_e
     sends = [r.args[0] for handle in h.handles for r in handle.sent]
     assert len(sends) == len(set(sends))  # no call sent twice
     assert_idle(h)
+
+
+# -- the Balancer contract, and views that cost nothing once gone ---------------------------
+class Recorder(am.Balancer):
+    def __init__(self) -> None:
+        self.seen: list[tuple[list[int], object]] = []
+
+    def pick(self, loads: Sequence[am.ActorLoad], affinity: object) -> int:
+        self.seen.append(([load.rank for load in loads], affinity))
+        return 0
+
+
+class RoutesByKey(Recorder):
+    routes_by_key = True
+
+
+def test_a_balancer_sees_ranks_in_the_view_called_and_keys_exactly_as_given() -> None:
+    recorder = RoutesByKey()
+    h = Harness(4, balancer=recorder)
+    view = MeshMethod(Target(Shape({"rank": 2}), (2, 3), h.router, "Fake", "Fake"), "f",
+                      CallOptions())
+    view.options(affinity=-1).choose(1)
+    view.options(affinity=-2).choose(2)  # hash(-1) == hash(-2): the key still arrives as given
+    assert hash(-1) == hash(-2)
+    assert recorder.seen == [([0, 1], -1), ([0, 1], -2)]
+    h.finish_all(2, "a")
+    h.finish_all(3, "b")
+
+
+def test_a_balancer_that_routes_by_key_sees_every_keyed_call() -> None:
+    sticky, by_key = Recorder(), RoutesByKey()
+    for balancer in (sticky, by_key):
+        h = Harness(2, balancer=balancer)
+        for i in range(3):
+            h.method(affinity="session").choose(i)
+    assert len(sticky.seen) == 1  # then the native stickiness keeps the key on its actor
+    assert by_key.seen == [([0, 1], "session")] * 3
+
+
+def test_views_that_are_gone_leave_no_group_behind() -> None:
+    h = Harness(8)
+    views = [Target(Shape({"rank": 2}), (i % 8, (i * 3 + 1) % 8), h.router, "Fake", "Fake")
+             for i in range(1000)]
+    for target in views:
+        if target.actors[0] != target.actors[1]:
+            MeshMethod(target, "f", CallOptions()).choose(0)
+    for actor in range(8):
+        h.finish_all(actor, 0)
+    assert h.scheduler.num_groups() > 1
+    del views, target
+    gc.collect()
+    settle()
+    assert h.scheduler.num_groups() == 1  # only the whole mesh: decisions cost what they did

@@ -19,7 +19,8 @@ from benchmarks import reference
 
 
 def spread_picker(
-    ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+    ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+    payload: object = None,
 ) -> int:
     """A deterministic picker that depends on everything it is given."""
     measured = sum(1 for x in latency if not math.isnan(x))
@@ -27,7 +28,8 @@ def spread_picker(
 
 
 def flaky_picker(
-    ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+    ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+    payload: object = None,
 ) -> int:
     """Fails for one key in five, so that picks fail inside submits and inside drains."""
     if key is not None and key % 5 == 0:

@@ -23,7 +23,8 @@ from actormesh import _native
 POLICIES = ["random", "round_robin", "pow2", "least_loaded", "pull", "sed", "external"]
 
 
-def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None) -> int:
+def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+           payload: object = None) -> int:
     """Least loaded, except that key 0 makes it fail: picks fail inside submits and drains."""
     if key == 0:
         raise LookupError("no actor for key 0")
@@ -52,6 +53,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.num_actors = num_actors
         self.slots = self.scheduler.max_in_flight
         self.groups = [0]
+        self.users: dict[int, int] = {}  # add_group calls per group, not yet removed
         self.running = [0] * num_actors  # calls dispatched or acquired, not completed
         self.alive = [True] * num_actors
         self.status = ["alive"] * num_actors
@@ -199,8 +201,20 @@ class SchedulerMachine(RuleBasedStateMachine):
     def add_group(self, data: st.DataObject) -> None:
         members = data.draw(st.sets(st.integers(0, self.num_actors - 1), min_size=1))
         group = self.scheduler.add_group(sorted(members))
+        self.users[group] = self.users.get(group, 0) + 1
         if group not in self.groups:
             self.groups.append(group)
+
+    @precondition(lambda self: len(self.groups) > 1)
+    @rule(data=st.data())
+    def remove_group(self, data: st.DataObject) -> None:
+        """A view goes: its group is freed (at once, or once the calls waiting in it are gone)."""
+        group = data.draw(st.sampled_from(self.groups[1:]))
+        self.scheduler.remove_group(group)
+        self.users[group] = self.users.get(group, 1) - 1
+        if self.users[group] == 0:
+            del self.users[group]
+            self.groups.remove(group)  # no call is submitted to it any more
 
     @invariant()
     def counts_match_the_calls_running(self) -> None:

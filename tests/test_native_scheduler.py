@@ -17,7 +17,8 @@ POLICIES = ["random", "round_robin", "pow2", "least_loaded", "pull", "sed"]
 
 
 def first_picker(
-    ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+    ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+    payload: object = None,
 ) -> int:
     return 0
 
@@ -516,7 +517,8 @@ def test_picker_sees_eligible_members_in_rank_order() -> None:
     seen = []
 
     def picker(
-        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+        payload: object = None,
     ) -> int:
         seen.append((ranks, in_flight, [math.isnan(x) for x in latency], key))
         return len(ranks) - 1
@@ -530,21 +532,22 @@ def test_picker_sees_eligible_members_in_rank_order() -> None:
 
 
 def test_picker_returning_a_bad_index_is_a_value_error_naming_it() -> None:
-    s = Scheduler(3, picker=lambda ranks, in_flight, latency, key: 7)
+    s = Scheduler(3, picker=lambda ranks, in_flight, latency, key, payload: 7)
     with pytest.raises(ValueError, match="picker returned index 7 for 3 candidates"):
         s.submit(0)
     assert s.in_flight() == [0, 0, 0]
 
 
 def test_picker_returning_a_non_int_is_a_type_error() -> None:
-    s = Scheduler(2, picker=lambda ranks, in_flight, latency, key: "first")
+    s = Scheduler(2, picker=lambda ranks, in_flight, latency, key, payload: "first")
     with pytest.raises(TypeError, match="picker returned 'first'"):
         s.submit(0)
 
 
 def test_picker_exception_in_submit_changes_nothing() -> None:
     def broken(
-        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+        payload: object = None,
     ) -> int:
         raise KeyError("boom")
 
@@ -559,7 +562,8 @@ def test_picker_error_carries_dispatched_and_failed_calls() -> None:
     fail = False
 
     def picker(
-        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+        payload: object = None,
     ) -> int:
         if fail and key == 13:
             raise ZeroDivisionError("picker bug")
@@ -589,7 +593,8 @@ def test_a_picker_calling_back_into_its_scheduler_gets_an_error_not_a_deadlock()
     schedulers: list[Scheduler] = []
 
     def picker(
-        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+        ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+        payload: object = None,
     ) -> int:
         schedulers[0].in_flight()
         return 0
@@ -601,7 +606,7 @@ def test_a_picker_calling_back_into_its_scheduler_gets_an_error_not_a_deadlock()
 
 
 def test_threads_holding_the_gil_do_not_deadlock_with_a_picker() -> None:
-    s = Scheduler(4, picker=lambda ranks, in_flight, latency, key: in_flight.index(min(in_flight)))
+    s = Scheduler(4, picker=lambda ranks, in_flight, latency, key, payload: in_flight.index(min(in_flight)))
     run_threads(s, threads=4, calls=500)
     assert s.in_flight() == [0, 0, 0, 0]
 
@@ -612,7 +617,8 @@ def test_a_picker_that_refers_to_its_scheduler_is_collected() -> None:
             self.scheduler = Scheduler(2, picker=self.pick)
 
         def pick(
-            self, ranks: list[int], in_flight: list[int], latency: list[float], key: int | None
+            self, ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+            payload: object = None,
         ) -> int:
             return 0
 
@@ -743,7 +749,8 @@ def test_a_cycle_through_a_queued_payload_is_collected() -> None:
 def test_a_failed_pick_hands_back_the_payload_of_the_call_it_failed() -> None:
     fail = False
 
-    def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None) -> int:
+    def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+               payload: object = None) -> int:
         if fail:
             raise LookupError("no pick")
         return 0
@@ -881,7 +888,8 @@ def test_affinity_leaves_an_ejected_actor() -> None:
 def test_a_picker_sees_only_actors_not_ejected_unless_all_are() -> None:
     seen: list[list[int]] = []
 
-    def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None) -> int:
+    def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+               payload: object = None) -> int:
         seen.append(list(ranks))
         return 0
 
@@ -918,3 +926,76 @@ def test_release_gives_back_a_slot_without_a_sample_or_a_failure() -> None:
     with pytest.raises(RuntimeError, match="no slot taken"):
         s.release(0)
         s.release(0)
+
+
+# Groups come and go with the views that use them
+
+
+def test_a_group_registered_twice_needs_two_removals() -> None:
+    s = Scheduler(3)
+    group = s.add_group([0, 1])
+    assert s.add_group([1, 0]) == group
+    s.remove_group(group)
+    assert s.group_members(group) == [0, 1]
+    s.remove_group(group)
+    assert s.num_groups() == 1
+    with pytest.raises(IndexError, match=f"group {group} unknown"):
+        s.submit(group)
+
+
+def test_a_removed_group_costs_nothing_and_its_id_is_reused() -> None:
+    s = Scheduler(4, "least_loaded")
+    groups = [s.add_group([a]) for a in range(4)]
+    for group in groups:
+        s.remove_group(group)
+    assert s.num_groups() == 1
+    assert s.add_group([2, 3]) in groups
+
+
+def test_a_group_removed_with_calls_waiting_keeps_serving_them_then_goes() -> None:
+    s = Scheduler(2, "pull")
+    only_one = s.add_group([1])
+    dispatch(s, only_one)
+    waiting = Payload("waiting")
+    s.submit(only_one, payload=waiting)
+    s.remove_group(only_one)
+    assert s.num_groups() == 2
+    assert [d.payload for d in s.complete(1, 0.0, 1.0, True)] == [waiting]
+    assert s.num_groups() == 1
+
+
+def test_group_zero_stays() -> None:
+    with pytest.raises(ValueError, match="group 0"):
+        Scheduler(2).remove_group(0)
+
+
+# The picker is shown the call being placed
+
+
+def test_a_picker_sees_the_payload_of_the_call_it_places() -> None:
+    seen: list[object] = []
+
+    def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+               payload: object = None) -> int:
+        seen.append(payload)
+        return 0
+
+    s = Scheduler(1, picker=picker, max_in_flight=1)
+    first, second = Payload("first"), Payload("second")
+    s.submit(0, payload=first)
+    s.submit(0, payload=second)
+    s.complete(0, 0.0, 1.0, True)
+    assert seen == [first, second]
+
+
+def test_without_stickiness_keys_only_reach_the_picker() -> None:
+    keys: list[int | None] = []
+
+    def picker(ranks: list[int], in_flight: list[int], latency: list[float], key: int | None,
+               payload: object = None) -> int:
+        keys.append(key)
+        return len(ranks) - 1 - len(keys) % 2
+
+    s = Scheduler(2, picker=picker, sticky=False)
+    assert [dispatch(s, affinity=9) for _ in range(4)] == [0, 1, 0, 1]
+    assert keys == [9, 9, 9, 9]
