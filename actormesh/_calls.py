@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
@@ -158,6 +159,10 @@ class Router:
         # leaves the queue to a drain on the loop thread.
         self._drain_inline = not defer_drain
         self._remote: dict[tuple[int, str], Any] = {}
+        # Queued calls given a slot, waiting for the loop thread to send them.
+        self._outbox: list[_native.Decision] = []
+        self._outbox_posted = False
+        self._outbox_lock = threading.Lock()
         self.closed = False
 
     def check_open(self, method: str) -> None:
@@ -238,11 +243,23 @@ class Router:
 
     def _hand_on(self, drained: list[_native.Decision], actor: int) -> None:
         """After a slot was freed: the queued calls it went to are sent from the loop thread, as
-        is the drain a Python Balancer defers."""
+        is the drain a Python Balancer defers. Calls freed while a send is already on its way
+        join it: one wake-up of the loop thread serves them all."""
         if drained:
-            _loop.post(self._send_decisions, drained)
+            with self._outbox_lock:
+                self._outbox.extend(drained)
+                if self._outbox_posted:
+                    return
+                self._outbox_posted = True
+            _loop.post(self._send_outbox)
         elif not self._drain_inline:
             _loop.post(self._drain, actor)
+
+    def _send_outbox(self) -> None:
+        with self._outbox_lock:
+            decisions, self._outbox = self._outbox, []
+            self._outbox_posted = False
+        self._send_decisions(decisions)
 
     def _picker_failed(self, err: _native.PickerError) -> list[_native.Decision]:
         """A Python Balancer raised while queued calls were drained: fail those, lose none."""
