@@ -139,13 +139,16 @@ def side_rows(results: dict[str, Any]) -> list[list[str]]:
                         float(h.get("hi", h.get("max", math.nan))))
         c = h.get("control")
         noise = h.get("aa_noise")
-        control = (stats.Ratio("", "", "", 1.0, float(c["lo"]), float(c["hi"]))
+        control = (stats.Ratio("", "", "", float(c.get("value", math.nan)), float(c["lo"]),
+                               float(c["hi"]))
                    if isinstance(c, dict) else
                    stats.Ratio("", "", "", 1.0, 1 - float(noise), 1 + float(noise))
                    if isinstance(noise, (int, float)) else None)
         text = stats.interval_text(r) + (f" ({h['text']})" if h.get("text") else "")
-        rows.append([f"{h['section']}: {h.get('what', '')}", text,
-                     stats.interval_text(control) if control else "no control",
+        shown = ("no control" if control is None else stats.interval_text(control)
+                 if not math.isnan(control.value)
+                 else f"[{stats.fmt(control.lo)}–{stats.fmt(control.hi)}]")
+        rows.append([f"{h['section']}: {h.get('what', '')}", text, shown,
                      stats.verdict(r, control) if control else "–"])
     return rows
 

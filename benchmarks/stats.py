@@ -198,7 +198,7 @@ def noise_band(control: Ratio | None) -> tuple[float, float]:
 
 def verdict(r: Ratio, control: Ratio | None) -> str:
     """"better", "worse" or no difference, against the noise band of the A/A control."""
-    if math.isnan(r.value) or math.isnan(r.lo):
+    if math.isnan(r.lo):
         return "no interval: one repeat"
     lo, hi = noise_band(control)
     if r.hi >= lo and r.lo <= hi:
