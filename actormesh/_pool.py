@@ -32,7 +32,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
 from . import _loop, _ray
-from ._balancer import AffinityKeys, BalancerSpec, make_scheduler
+from ._balancer import Balancer, BalancerSpec, Policy
 from ._calls import Call
 from ._failures import ActorStates
 from ._mesh import ActorMesh
@@ -44,6 +44,7 @@ V = TypeVar("V")
 
 _METHOD = "ActorPool.submit"  # how errors name a pool's call
 _LOST = (_ray.DIED, _ray.UNAVAILABLE)  # outcomes after which a call may run again elsewhere
+_ANY = -1  # `_awaited` when a reader waits for whichever task is done first
 
 
 class _Task:
@@ -68,17 +69,15 @@ class _Task:
 class _Generation:
     """The pool's mesh over its actors as they are between two membership changes."""
 
-    __slots__ = ("mesh", "router", "scheduler", "group", "point_of", "handles", "index")
+    __slots__ = ("mesh", "target", "router", "scheduler", "handles", "index")
 
     def __init__(self, handles: list[ActorHandle[Any]], balancer: BalancerSpec,
                  max_in_flight: int) -> None:
         self.mesh: ActorMesh[Any] = ActorMesh.from_actors(
             handles, balancer=balancer, max_in_flight=max_in_flight, name="ActorPool")
-        target = self.mesh._target
-        self.router = target.router
+        self.target = self.mesh._target  # the whole mesh, which every call is routed in
+        self.router = self.target.router
         self.scheduler = self.router.scheduler
-        self.group = target.group
-        self.point_of = target.point_of
         self.handles = handles
         self.index = {_ray.actor_id(h): i for i, h in enumerate(handles)}
 
@@ -147,9 +146,13 @@ class ActorPool(Generic[T]):
             raise ValueError(f"max_in_flight={max_in_flight!r}: must be an int >= 1")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries={retries!r}: must be an int >= 0")
-        # Checked by the code that will use it, before any mesh is made (the pool may start
-        # empty, and then makes its first mesh only at `push`).
-        make_scheduler(1, balancer, max_in_flight, AffinityKeys())
+        # Checked before any mesh is made: the pool may start empty, and make its first mesh
+        # only at `push`.
+        if isinstance(balancer, str):
+            Policy(balancer)  # raises ValueError naming an unknown policy
+        elif not isinstance(balancer, (Policy, Balancer)):
+            raise TypeError(f"balancer={balancer!r}: must be a policy name, an am.Policy or an "
+                            "am.Balancer")
         self._balancer: BalancerSpec = balancer
         self._max_in_flight = max_in_flight
         self._retries = retries
@@ -158,6 +161,7 @@ class ActorPool(Generic[T]):
         # taken there, briefly. Order: `_lock`, then `_cond`.
         self._lock = threading.RLock()
         self._cond = threading.Condition()
+        self._awaited: int | None = None  # the task a reader waits for; _ANY: any of them
         self._gen = _Generation(handles, balancer, max_in_flight) if handles else None
         self._unrouted: list[_Task] = []  # submitted while the pool had no actor
         self._tasks: dict[int, _Task] = {}  # submitted, result not yet returned or dropped
@@ -195,8 +199,7 @@ class ActorPool(Generic[T]):
             task.call = None
             self._unrouted.append(task)
             return
-        call = Call(gen.router, _METHOD, (task,), {}, view=gen.point_of, group=gen.group,
-                    fn=self._send)
+        call = Call(gen.router, _METHOD, (task,), {}, target=gen.target, fn=self._send)
         task.call, task.slot_gen = call, gen
         call.future.add_done_callback(functools.partial(self._ended, task, call))
         gen.router.route(call)
@@ -245,7 +248,8 @@ class ActorPool(Generic[T]):
             self._live.pop(task.index, None)
             if not task.dropped:
                 self._finished[task.index] = task
-                self._cond.notify_all()
+                if self._awaited == task.index or self._awaited == _ANY:
+                    self._cond.notify()  # only the reader: a wake-up per result, not per call
 
     def _resubmit(self, task: _Task) -> None:
         """Route a task whose actor died again, in the newest generation (loop thread)."""
@@ -274,7 +278,9 @@ class ActorPool(Generic[T]):
             raise ValueError("It is not allowed to call get_next() after get_next_unordered().")
         task = self._tasks[self._next_return]
         with self._cond:
+            self._awaited = task.index
             done = self._cond.wait_for(lambda: task.done, timeout)
+            self._awaited = None
             if done:
                 del self._tasks[task.index]
                 self._finished.pop(task.index, None)
@@ -295,7 +301,10 @@ class ActorPool(Generic[T]):
             raise StopIteration("No more results to get")
         with self._cond:
             task = None
-            if self._cond.wait_for(lambda: bool(self._finished), timeout):
+            self._awaited = _ANY
+            found = self._cond.wait_for(lambda: bool(self._finished), timeout)
+            self._awaited = None
+            if found:
                 index = next(iter(self._finished))
                 task = self._finished.pop(index)
                 del self._tasks[index]
