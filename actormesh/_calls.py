@@ -173,7 +173,7 @@ class Router:
     def send(self, actor: int, call: Call) -> None:
         """Send `call` to `actor` (the caller chose it), counted whatever the slot limit."""
         self.scheduler.acquire(actor)
-        self._send(actor, call)
+        self._send(actor, call, fresh=True)
 
     def route(self, call: Call) -> None:
         """Let the scheduler pick the actor for `call`, now or when a slot frees."""
@@ -191,13 +191,15 @@ class Router:
             call.fail(err)
             return
         if decision.actor >= 0:
-            self._send(decision.actor, call)
+            self._send(decision.actor, call, fresh=True)
         else:
             call.ticket = decision.ticket
 
-    def _send(self, actor: int, call: Call) -> None:
+    def _send(self, actor: int, call: Call, fresh: bool = False) -> None:
+        """Send `call` to `actor`, whose slot it holds. A call that waited (not `fresh`) may have
+        been cancelled or timed out meanwhile: then its slot is given back instead."""
         call.ticket = 0
-        if call.future.done():  # cancelled or timed out while it waited: give the slot back
+        if not fresh and call.future.done():
             self._give_back(actor)
             return
         call.actor = actor
