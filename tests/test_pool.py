@@ -376,6 +376,17 @@ def test_a_dead_actor_fails_its_call_and_the_survivors_keep_serving() -> None:
     assert pool.pop_idle() != actors[1]
 
 
+def test_an_idle_actor_that_dies_after_a_push_leaves_the_pool() -> None:
+    a1, a2 = members(2)
+    pool = pool_of([a1])
+    pool.push(a2)  # a new mesh over both takes over from the first
+    ray.kill(a1)
+    assert pool._gen is not None
+    scheduler = pool._gen.scheduler
+    wait_until(lambda: scheduler.status()[0] == "dead")  # told by the GCS, with no call to it
+    assert {tag for tag, _ in pool.map(tag_of, range(8))} == {1}
+
+
 def test_with_retries_a_dead_actors_call_runs_again_elsewhere() -> None:
     actors = members(3)
     pool = pool_of(actors, retries=1)
