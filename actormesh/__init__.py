@@ -19,6 +19,7 @@ from ._future import MeshFuture, MeshMap, ValueMesh
 from ._mesh import ActorMesh, Loads
 from ._method import AsyncMeshMethod, MeshMethod, method
 from ._placement import Placement
+from ._pool import ActorPool
 from ._shape import Point, Shape
 from .dispatch import Dispatch
 
@@ -27,6 +28,7 @@ __all__ = [
     "ActorError",
     "ActorLoad",
     "ActorMesh",
+    "ActorPool",
     "AsyncMeshMethod",
     "Balancer",
     "Dispatch",

@@ -19,7 +19,6 @@ outcome; a call is settled exactly once (a second outcome, e.g. after a timeout,
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import threading
 import time
@@ -33,6 +32,7 @@ from . import _loop, _native, _ray
 from ._balancer import affinity_hash
 from ._errors import MeshError, MeshTimeoutError, NoLiveActorsError, from_ray
 from ._failures import Failures
+from ._result import Result
 from ._shape import Point, format_coords
 
 log = logging.getLogger("actormesh")
@@ -65,7 +65,7 @@ class Call:
         self.key = key  # the affinity key as given; `affinity` is what the core routes by
         self.affinity = affinity_hash(key)
         self.retries = retries
-        self.future: cf.Future[Any] = cf.Future()
+        self.future: Result[Any] = Result()
         self.actor = -1  # set with `epoch`, `ref` and `started` when sent
         self.epoch = 0
         self.ticket = 0  # set while the call waits in the scheduler's queue
@@ -94,22 +94,10 @@ class Call:
         self.router._ended(self, error)
 
     def settle(self, out: Any) -> None:
-        settle_future(self.future, out, None)
+        self.future.set_result(out)
 
     def fail(self, error: BaseException) -> None:
-        settle_future(self.future, None, error)
-
-
-def settle_future(future: cf.Future[Any], value: Any, error: BaseException | None) -> bool:
-    """Settle `future` unless it already is; False if it was."""
-    try:
-        if error is None:
-            future.set_result(value)
-        else:
-            future.set_exception(error)
-    except cf.InvalidStateError:
-        return False
-    return True
+        self.future.set_exception(error)
 
 
 class Routed(Protocol):

@@ -181,7 +181,7 @@ class Failures:
         self._closed = True
         for actor in range(len(self._timers)):
             self._cancel_timer(actor)
-        ActorStates.get().unwatch(self._actor_ids)
+        ActorStates.get().unwatch(self, self._actor_ids)
 
 
 def _weak(method: Callable[..., None]) -> Callable[..., None]:
@@ -199,15 +199,16 @@ def _weak(method: Callable[..., None]) -> Callable[..., None]:
 class ActorStates:
     """The process's one subscription to the GCS actor channel, read on the loop thread.
 
-    Meshes register their actors' ids; a notice for one of them goes to its mesh's `Failures`
-    (held weakly: a dropped mesh stops listening). Notices for other actors are ignored.
+    Meshes register their actors' ids; a notice for one of them goes to the `Failures` of every
+    mesh over it (several meshes may share actors: `from_actors`, a pool's generations), each
+    held weakly: a dropped mesh stops listening. Notices for other actors are ignored.
     """
 
     _instance: ActorStates | None = None
     _instance_lock = threading.Lock()
 
     def __init__(self) -> None:
-        self._watched: dict[bytes, tuple[weakref.ref[Failures], int]] = {}
+        self._watched: dict[bytes, list[tuple[weakref.ref[Failures], int]]] = {}
         self._address: str | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -271,26 +272,36 @@ class ActorStates:
                 pass
 
     def _deliver(self, actor_id: bytes, state: int, epoch: int, reason: str) -> None:
-        entry = self._watched.get(actor_id)
-        if entry is None:
-            return
-        failures = entry[0]()
-        if failures is None:
-            self._watched.pop(actor_id, None)
-            return
-        try:
-            failures.on_state(entry[1], state, epoch, reason)
-        except Exception:
-            log.exception("actormesh: handling the state of an actor failed")
+        for ref, index in self._watched.get(actor_id, ()):
+            failures = ref()
+            if failures is None:
+                continue
+            try:
+                failures.on_state(index, state, epoch, reason)
+            except Exception:
+                log.exception("actormesh: handling the state of an actor failed")
 
     def watch(self, failures: Failures, actor_ids: Sequence[bytes]) -> None:
         ref = weakref.ref(failures)
-        entries = {actor_id: (ref, index) for index, actor_id in enumerate(actor_ids)}
-        _loop.post(self._watched.update, entries)
 
-    def unwatch(self, actor_ids: Sequence[bytes]) -> None:
+        def add() -> None:
+            for index, actor_id in enumerate(actor_ids):
+                listeners = self._watched.setdefault(actor_id, [])
+                listeners[:] = [(r, i) for r, i in listeners if r() is not None]
+                listeners.append((ref, index))
+
+        _loop.post(add)
+
+    def unwatch(self, failures: Failures, actor_ids: Sequence[bytes]) -> None:
+        ref = weakref.ref(failures)
+
         def drop() -> None:
             for actor_id in actor_ids:
-                self._watched.pop(actor_id, None)
+                listeners = [(r, i) for r, i in self._watched.get(actor_id, ())
+                             if r() is not None and r != ref]
+                if listeners:
+                    self._watched[actor_id] = listeners
+                else:
+                    self._watched.pop(actor_id, None)
 
         _loop.post(drop)

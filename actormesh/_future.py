@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures as cf
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
@@ -21,7 +22,8 @@ import ray
 from ray.exceptions import RayError
 
 from . import _loop, _ray
-from ._calls import Call, Router, read, settle_future
+from ._calls import Call, Router, read
+from ._result import Result
 from ._shape import IndexKey, Point, Selectable, Selection, Shape
 
 R = TypeVar("R")
@@ -38,7 +40,7 @@ class MeshFuture(Generic[R]):
     __slots__ = ("_calls", "_future", "_label", "_router", "_one", "_cache",
                  "_return_exceptions")
 
-    def __init__(self, calls: Sequence[Call], future: cf.Future[Any], label: str,
+    def __init__(self, calls: Sequence[Call], future: Result[Any], label: str,
                  router: Router, *, one: bool, return_exceptions: bool = False) -> None:
         self._calls = calls
         self._future = future  # one call's own future (its ObjectRef), or the combined value's
@@ -63,13 +65,8 @@ class MeshFuture(Generic[R]):
     def get(self, timeout: float | None = None) -> R:
         """Wait for the result; raise the call's error, or `TimeoutError` after `timeout` s
         (the call goes on)."""
-        try:
-            self._future.result(timeout)
-        except TimeoutError:
-            if not self._future.done():
-                raise TimeoutError(f"{self._label} did not finish within {timeout} s") from None
-        except Exception:
-            pass  # the call's own error: raised (or returned) by _outcome below
+        if not self._future.wait(timeout):
+            raise TimeoutError(f"{self._label} did not finish within {timeout} s")
         return self._outcome()
 
     def __await__(self) -> Generator[Any, None, R]:
@@ -146,18 +143,19 @@ class MeshFuture(Generic[R]):
     def as_completed(self, timeout: float | None = None) -> Iterator[tuple[Point, Any]]: ...
     def as_completed(self, timeout: float | None = None) -> Iterator[tuple[Point, Any]]:
         """Yield `(point, value)` per actor as each finishes; a failed call raises its error."""
-        by_future = {call.future: call for call in self._calls}
-        try:
-            for future in cf.as_completed(by_future, timeout):
-                call = by_future[future]
-                value = read(call)  # raises a failed call's error first: it may have no point
-                yield call.point, value
-        except TimeoutError as err:
-            if "unfinished" not in str(err):
-                raise
-            raise TimeoutError(
-                f"{self._label}: not every actor answered within {timeout} s"
-            ) from None
+        finished: queue.SimpleQueue[Call] = queue.SimpleQueue()
+        for call in self._calls:
+            call.future.add_done_callback(_putting(finished, call))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _ in self._calls:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                call = finished.get(timeout=left)
+            except queue.Empty:
+                raise TimeoutError(
+                    f"{self._label}: not every actor answered within {timeout} s") from None
+            value = read(call)  # raises a failed call's error first: it may have no point
+            yield call.point, value
 
     @overload
     def __aiter__(self: MeshFuture[ValueMesh[V]]) -> AsyncIterator[tuple[Point, V]]: ...
@@ -259,9 +257,13 @@ class MeshMap(Generic[R]):
                 future.cancel()
 
 
-async def _settled(future: cf.Future[Any]) -> None:
-    """Wait, in the running event loop, until `future` is settled. Unlike `asyncio.wrap_future`
-    this never cancels `future` when the waiting task is cancelled: other waiters may share it."""
+def _putting(finished: queue.SimpleQueue[Call], call: Call) -> Callable[[Result[Any]], None]:
+    return lambda _: finished.put(call)
+
+
+async def _settled(future: Result[Any]) -> None:
+    """Wait, in the running event loop, until `future` is settled. Cancelling the waiting task
+    leaves `future` alone: other waiters may share it."""
     if future.done():
         return
     loop = asyncio.get_running_loop()
@@ -276,18 +278,18 @@ async def _settled(future: cf.Future[Any]) -> None:
 
 
 def gather(calls: Sequence[Call], combine: Callable[[list[Any]], Any],
-           return_exceptions: bool) -> cf.Future[Any]:
+           return_exceptions: bool) -> Result[Any]:
     """A future of `combine(values)` over the calls' values in order, made on the loop thread
     once the last call has ended; or of the first error (with `return_exceptions`, errors are
     values). Counting happens on Ray's completion thread, in O(1) per call."""
-    out: cf.Future[Any] = cf.Future()
+    out: Result[Any] = Result()
     if not calls:
         _loop.post(_combine, calls, combine, return_exceptions, out)
         return out
     left = [len(calls)]
     lock = threading.Lock()
 
-    def one_done(future: cf.Future[Any], call: Call) -> None:
+    def one_done(future: Result[Any], call: Call) -> None:
         if not return_exceptions and (future.exception() is not None
                                       or call.outcome != _ray.OK):
             _loop.post(_fail_with, call, out)
@@ -303,24 +305,24 @@ def gather(calls: Sequence[Call], combine: Callable[[list[Any]], Any],
 
 
 def _calling(
-    fn: Callable[[cf.Future[Any], Call], None], call: Call
-) -> Callable[[cf.Future[Any]], None]:
+    fn: Callable[[Result[Any], Call], None], call: Call
+) -> Callable[[Result[Any]], None]:
     return lambda future: fn(future, call)
 
 
-def _fail_with(call: Call, out: cf.Future[Any]) -> None:
+def _fail_with(call: Call, out: Result[Any]) -> None:
     if out.done():
         return
     try:
         read(call)
     except Exception as err:  # noqa: BLE001 - the call's error is the result's
-        settle_future(out, None, err)
+        out.set_exception(err)
         return
-    settle_future(out, None, RuntimeError(f"{call.method}: failed without an error"))
+    out.set_exception(RuntimeError(f"{call.method}: failed without an error"))
 
 
 def _combine(calls: Sequence[Call], combine: Callable[[list[Any]], Any],
-             return_exceptions: bool, out: cf.Future[Any]) -> None:
+             return_exceptions: bool, out: Result[Any]) -> None:
     if out.done():
         return
     values: list[Any] = []
@@ -328,15 +330,15 @@ def _combine(calls: Sequence[Call], combine: Callable[[list[Any]], Any],
         for value in _read_all(calls):
             if isinstance(value, _Raised):
                 if not return_exceptions:
-                    settle_future(out, None, value.error)
+                    out.set_exception(value.error)
                     return
                 value = value.error
             values.append(value)
         result = combine(values)
     except Exception as err:  # noqa: BLE001 - e.g. a dispatch's collect failed: the result's
-        settle_future(out, None, err)
+        out.set_exception(err)
         return
-    settle_future(out, result, None)
+    out.set_result(result)
 
 
 class _Raised:

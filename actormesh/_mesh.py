@@ -210,7 +210,7 @@ class ActorMesh(Selectable, Generic[T]):
     # -- views --------------------------------------------------------------------------------
     def _init_view(self, shape: Shape, actors: tuple[int, ...]) -> None:
         root = self._root
-        self._target = Target(shape, actors, root.router, root.label, root.class_name)
+        self._target = Target(shape, actors, root.router, root.label, root.class_name, root)
         self._methods = _Methods(self)
 
     @staticmethod

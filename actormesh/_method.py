@@ -12,7 +12,6 @@ or view gives them (its shape, the actor behind each position, its scheduler gro
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import functools
 import inspect
@@ -27,6 +26,7 @@ from typing_extensions import ParamSpec, Self
 from . import _loop, _share
 from ._calls import Call, Router
 from ._future import MeshFuture, MeshMap, ValueMesh
+from ._result import Result
 from ._shape import Point, Shape
 from .dispatch import Dispatch
 
@@ -71,11 +71,14 @@ def check_timeout(what: str, value: float | None) -> None:
 class Target:
     """What the verbs need of the mesh or view they call, and nothing else."""
 
-    __slots__ = ("shape", "actors", "router", "label", "class_name", "_positions", "_group",
-                 "__weakref__")
+    __slots__ = ("shape", "actors", "router", "label", "class_name", "_owner", "_positions",
+                 "_group", "__weakref__")
 
     def __init__(self, shape: Shape, actors: tuple[int, ...], router: Router, label: str,
-                 class_name: str) -> None:
+                 class_name: str, owner: object = None) -> None:
+        # The mesh's shared state: a method or a call in flight keeps the mesh alive, as a Ray
+        # actor method keeps its actor.
+        self._owner = owner
         self.shape = shape
         self.actors = actors  # the mesh's actor index at each position of this view
         self.router = router
@@ -239,7 +242,7 @@ class MeshMethod(Generic[P, R_co]):
 
 
 def _expire(router: Router, timeout_s: float, calls: Sequence[Call], label: str,
-            result: cf.Future[Any]) -> None:
+            result: Result[Any]) -> None:
     """Fail the calls still running after `timeout_s`; the timer goes once `result` settles,
     so it keeps nothing alive past the call."""
     timer = router.expire_after(timeout_s, calls, label)

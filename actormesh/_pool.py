@@ -36,6 +36,7 @@ from ._balancer import Balancer, BalancerSpec, Policy
 from ._calls import Call
 from ._failures import ActorStates
 from ._mesh import ActorMesh
+from ._result import Result
 
 log = logging.getLogger("actormesh")
 
@@ -228,7 +229,7 @@ class ActorPool(Generic[T]):
         gen.scheduler.acquire(actor)
         call.future.add_done_callback(lambda _: gen.router._give_back(actor))
 
-    def _ended(self, task: _Task, call: Call, future: cf.Future[Any]) -> None:
+    def _ended(self, task: _Task, call: Call, future: Result[Any]) -> None:
         """The call's future settled (Ray's completion thread, or wherever it failed)."""
         try:
             if call is not task.call:

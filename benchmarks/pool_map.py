@@ -42,7 +42,6 @@ import ray
 from ray.util import ActorPool as RayPool
 
 import actormesh as am
-from actormesh._pool import ActorPool
 
 from . import stats
 
@@ -109,7 +108,7 @@ def say(text: str) -> None:
 def tiny_contenders(actors: list[Any]) -> dict[str, Callable[[list[int]], list[Any]]]:
     """Each maps `f` over the items on the shared actors and returns the results in order."""
     ray_pool, ray_pool_aa = RayPool(actors), RayPool(actors)
-    pool, pool2 = ActorPool(actors), ActorPool(actors, max_in_flight=2)
+    pool, pool2 = am.ActorPool(actors), am.ActorPool(actors, max_in_flight=2)
     window = 2 * len(actors)
 
     def raw(items: list[int]) -> list[Any]:
@@ -167,7 +166,7 @@ def measure_straggler(actors: list[Any], sizes: Sizes) -> dict[str, list[float]]
         return x.work.remote(v, base)
 
     ray_pool, ray_pool_aa = RayPool(actors), RayPool(actors)
-    pool, sed = ActorPool(actors), ActorPool(actors, balancer="sed", max_in_flight=2)
+    pool, sed = am.ActorPool(actors), am.ActorPool(actors, balancer="sed", max_in_flight=2)
     runs: dict[str, Callable[[list[int]], Iterable[Any]]] = {
         RAY: lambda items: ray_pool.map(work, items),
         RAY_AA: lambda items: ray_pool_aa.map(work, items),
@@ -241,8 +240,8 @@ def fault_run(make_pool: Callable[[list[Any]], Any], sizes: Sizes) -> FaultRun:
 def measure_faults(sizes: Sizes) -> dict[str, list[FaultRun]]:
     makers: dict[str, Callable[[list[Any]], Any]] = {
         "ray.util.ActorPool": RayPool,
-        "am.ActorPool": ActorPool,
-        POOL_RETRY: lambda actors: ActorPool(actors, retries=1),
+        "am.ActorPool": am.ActorPool,
+        POOL_RETRY: lambda actors: am.ActorPool(actors, retries=1),
     }
     names = list(makers)
     runs: dict[str, list[FaultRun]] = {name: [] for name in names}

@@ -50,6 +50,7 @@ class Side:
 SIDE: dict[str, Side] = {
     "pool_routing": Side("pool_routing", "Engine pool routing"),
     "async_trainer": Side("async_trainer", "Async trainer against the synchronous loop"),
+    "pool_map": Side("pool_map", "am.ActorPool and map against ray.util.ActorPool"),
 }
 
 

@@ -15,17 +15,18 @@ import actormesh as am
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-# Every mesh made in this session, held weakly, so the check below can find them.
+# Every mesh made in this session (by its constructor or `from_actors`), held weakly, so the
+# check below can find them.
 _meshes: weakref.WeakSet[Any] = weakref.WeakSet()
-_init = am.ActorMesh.__init__
+_assemble = am.ActorMesh._assemble
 
 
-def _recording_init(self: am.ActorMesh[Any], *args: Any, **kwargs: Any) -> None:
-    _init(self, *args, **kwargs)
+def _recording_assemble(self: am.ActorMesh[Any], *args: Any, **kwargs: Any) -> None:
+    _assemble(self, *args, **kwargs)
     _meshes.add(self)
 
 
-am.ActorMesh.__init__ = _recording_init  # type: ignore[method-assign]
+am.ActorMesh._assemble = _recording_assemble  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")

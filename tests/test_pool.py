@@ -11,7 +11,6 @@ import ray
 from workers import signal, wait_until, waiters
 
 import actormesh as am
-from actormesh._pool import ActorPool
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -53,7 +52,7 @@ class Member:
         return self.seen
 
 
-_pools: list[ActorPool[Any]] = []
+_pools: list[am.ActorPool[Any]] = []
 
 
 @pytest.fixture(autouse=True)
@@ -80,8 +79,8 @@ def shared() -> list[Any]:
     return members(4)
 
 
-def pool_of(actors: Sequence[Any], **options: Any) -> ActorPool[Any]:
-    pool: ActorPool[Any] = ActorPool(actors, **options)
+def pool_of(actors: Sequence[Any], **options: Any) -> am.ActorPool[Any]:
+    pool: am.ActorPool[Any] = am.ActorPool(actors, **options)
     _pools.append(pool)
     return pool
 
@@ -425,15 +424,15 @@ def test_when_every_actor_is_dead_calls_fail_instead_of_hanging() -> None:
 def test_bad_input_is_refused_clearly(shared: list[Any]) -> None:
     actors = shared[:1]
     with pytest.raises(TypeError, match="Ray actor handles"):
-        ActorPool([object()])  # type: ignore[list-item]
+        am.ActorPool([object()])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="given twice"):
-        ActorPool([actors[0], actors[0]])
+        am.ActorPool([actors[0], actors[0]])
     with pytest.raises(ValueError, match="max_in_flight=0"):
-        ActorPool(actors, max_in_flight=0)
+        am.ActorPool(actors, max_in_flight=0)
     with pytest.raises(ValueError, match="retries=-1"):
-        ActorPool(actors, retries=-1)
+        am.ActorPool(actors, retries=-1)
     with pytest.raises(ValueError, match="'fastest'"):
-        ActorPool(actors, balancer="fastest")  # type: ignore[arg-type]
+        am.ActorPool(actors, balancer="fastest")  # type: ignore[arg-type]
     pool = pool_of(actors)
     with pytest.raises(ValueError, match="timeout=-1"):
         pool.get_next(timeout=-1)

@@ -12,7 +12,7 @@ from typing import Any
 from ray.actor import ActorHandle
 from typing_extensions import assert_type
 
-from actormesh._pool import ActorPool
+import actormesh as am
 
 
 class Worker:
@@ -21,8 +21,8 @@ class Worker:
 
 
 handles: list[ActorHandle[Worker]] = []
-pool = ActorPool(handles, balancer="sed", max_in_flight=2, retries=1)
-assert_type(pool, ActorPool[Worker])
+pool = am.ActorPool(handles, balancer="sed", max_in_flight=2, retries=1)
+assert_type(pool, am.ActorPool[Worker])
 
 
 def double(actor: ActorHandle[Worker], value: int) -> Any:
@@ -44,9 +44,9 @@ def no_value(actor: ActorHandle[Worker]) -> Any:
 
 
 # Lines that must fail.
-ActorPool([1, 2])  # type: ignore[arg-type]
-ActorPool(handles, max_in_flight="2")  # type: ignore[arg-type]
-ActorPool(handles, balancer="fastest")  # type: ignore[arg-type]
+am.ActorPool([1, 2])  # type: ignore[arg-type]
+am.ActorPool(handles, max_in_flight="2")  # type: ignore[arg-type]
+am.ActorPool(handles, balancer="fastest")  # type: ignore[arg-type]
 pool.submit(no_value, 1)  # type: ignore[arg-type]
 pool.submit(double, "one")  # type: ignore[arg-type]
 pool.get_next(timeout="1")  # type: ignore[arg-type]
