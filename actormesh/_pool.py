@@ -34,7 +34,6 @@ from ray.exceptions import RayActorError
 from . import _loop, _ray
 from ._balancer import Balancer, BalancerSpec, Policy
 from ._calls import Call
-from ._failures import ActorStates
 from ._mesh import ActorMesh
 from ._result import Result
 
@@ -447,11 +446,6 @@ class ActorPool(Generic[T]):
                 self._route(task)
         if old is not None:
             old.retire()
-        if new is not None:
-            # Retiring `old` stops the state notices of the actors it shares with `new`
-            # (`ActorStates` keeps one listener per actor): listen again for `new`. A notice
-            # between the two is not lost for long: the next call to that actor finds it.
-            ActorStates.get().watch(new.router.failures, list(new.index))
         log.debug("actormesh: ActorPool now has %d actors (%d calls moved)", len(handles),
                   len(waiting))
 
