@@ -29,9 +29,12 @@ What runs where:
   already generate the groups of step k + 1 on the weights of step k - 1 or k. After every step
   rank 0's state dict goes into every engine (`pool.update_weights(..., version=step + 1)`).
 
-It prints one line per step (reward, staleness, tokens/s, weight-sync time), writes
-`async_rl.png` (reward and staleness per step) and `results.json` into `--out`, and ends with
-`reward A -> B`: the mean reward of the first and of the last 5 steps.
+It prints one line per step (reward; staleness: the step minus the weight version of the
+oldest token it trains on, as the engines tagged it; tokens generated per second; weight-sync
+time), writes `async_rl.png` (reward, and staleness as the trainer reports it, per step) and
+`results.json` into `--out`, and ends with `reward A -> B`: the mean reward of the first and of
+the last 5 steps. On this 2-core machine the default run takes about 1.5 minutes, half of it
+starting the engines, and goes from about 0.03 to about 0.99.
 
 With `--fake`, the engines are `FakeEngine`s: deterministic tokens that ignore the sampling
 settings, so every group's samples are alike and nothing is learnt, but every part of the loop
