@@ -69,6 +69,8 @@ from actormesh.integrations.vllm.tiny import VOCAB_SIZE, build_tiny_llama
 CLIP = 0.2
 """The PPO clip range of the importance ratio."""
 MAX_GRAD_NORM = 1.0
+"""Gradients are clipped to this norm: a token the engines sampled at a tiny probability can
+have a large ratio, and with a negative advantage the clipped objective does not bound it."""
 FIRST_LAST = 5
 """`reward A -> B` compares the mean reward of this many first and last steps."""
 
