@@ -18,7 +18,7 @@ import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Hashable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import ray
 from ray._private.async_compat import has_async_methods
@@ -27,6 +27,8 @@ from ._method import MethodDef
 from ._shape import Point, Shape, format_coords, parse_coords
 
 _current: Point | None = None
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +114,47 @@ def remote_class(cls: type[Any]) -> Any:
 
         namespace[RUN] = run
     return ray.remote(type(cls.__name__, (cls,), namespace))
+
+
+def with_setup(cls: type[T], setup: Callable[[Any], None]) -> type[T]:
+    """The subclass of `cls` whose `__init__(arg, *args, **kwargs)` runs `setup(arg)`, then
+    `cls.__init__(*args, **kwargs)`: how an integration prepares an actor before the user's code
+    runs (joins a JAX program, a torch world). Its arguments are checked against `cls`'s."""
+
+    def __init__(self: Any, arg: Any, *args: Any, **kwargs: Any) -> None:
+        setup(arg)
+        cls.__init__(self, *args, **kwargs)
+
+    namespace = {"__init__": __init__, "__doc__": cls.__doc__, _WRAPS: cls}
+    return cast("type[T]", type(cls.__name__, (cls,), namespace))
+
+
+_WRAPS = "_actormesh_wraps"
+
+
+def check_init_args(cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse constructor arguments that do not fit `cls.__init__`, before any actor starts. For
+    a class made by `with_setup`, the user's class is checked with the arguments after the
+    setup's."""
+    wrapped = cls.__dict__.get(_WRAPS)
+    if wrapped is not None:
+        check_init_args(wrapped, args[1:], kwargs)
+        return
+    init = cls.__init__
+    if init is object.__init__:
+        if args or kwargs:
+            raise TypeError(f"{cls.__name__} takes no constructor arguments, got "
+                            f"args={args!r}, kwargs={kwargs!r}")
+        return
+    try:
+        signature = inspect.signature(init)
+    except (TypeError, ValueError):  # a builtin or C init: nothing to check here
+        return
+    try:
+        signature.bind(None, *args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{cls.__name__}.__init__{signature} does not take args={args!r}, "
+                        f"kwargs={kwargs!r}: {err}") from None
 
 
 def method_def(cls: type[Any], name: str) -> MethodDef[Any, Any] | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import logging
 import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -15,7 +14,7 @@ from ray.actor import ActorHandle
 from typing_extensions import ParamSpec
 
 from . import _loop, _ray
-from ._actor import RUN, Identity, method_def, remote_class
+from ._actor import RUN, Identity, check_init_args, method_def, remote_class
 from ._balancer import ActorLoad, Balancer, BalancerSpec, make_scheduler
 from ._calls import Router
 from ._failures import ActorStates
@@ -347,25 +346,6 @@ def _shut(router: Router, handles: list[Any], placed: Placed | None, label: str)
             log.debug("actormesh: killing an actor of %s failed: %s", label, err)
     if placed is not None:
         placed.release()
-
-
-def check_init_args(cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Refuse constructor arguments that do not fit `cls.__init__`, before any actor starts."""
-    init = cls.__init__
-    if init is object.__init__:
-        if args or kwargs:
-            raise TypeError(f"{cls.__name__} takes no constructor arguments, got "
-                            f"args={args!r}, kwargs={kwargs!r}")
-        return
-    try:
-        signature = inspect.signature(init)
-    except (TypeError, ValueError):  # a builtin or C init: nothing to check here
-        return
-    try:
-        signature.bind(None, *args, **kwargs)
-    except TypeError as err:
-        raise TypeError(f"{cls.__name__}.__init__{signature} does not take args={args!r}, "
-                        f"kwargs={kwargs!r}: {err}") from None
 
 
 class _Methods:

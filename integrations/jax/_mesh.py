@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from typing_extensions import Unpack
 
 import actormesh as am
+from actormesh._actor import check_init_args, with_setup
 from actormesh._balancer import BalancerSpec
 from actormesh._placement import Strategy, _rank_order
 
@@ -136,17 +137,6 @@ def _backends_initialized() -> bool:
     return check()
 
 
-def _jax_class(cls: type[T]) -> type[T]:
-    """The subclass of `cls` whose `__init__(setup, *args, **kwargs)` joins JAX, then runs `cls`'s."""
-
-    def __init__(self: Any, setup: JaxSetup, *args: Any, **kwargs: Any) -> None:
-        join(setup)
-        cls.__init__(self, *args, **kwargs)
-
-    namespace = {"__init__": __init__, "__doc__": cls.__doc__}
-    return cast("type[T]", type(cls.__name__, (cls,), namespace))
-
-
 class JaxMesh(am.ActorMesh[T]):
     """A mesh of `num_processes` actors (dim `"process"`) forming one multi-process JAX program.
 
@@ -201,6 +191,8 @@ class JaxMesh(am.ActorMesh[T]):
                     f"JaxMesh does not take {option}=: the shape is {{'process': num_processes}} "
                     "and jax.distributed cannot re-admit a restarted process"
                 )
+        check_init_args(actor_cls, tuple(mesh_options.get("args", ())),
+                        dict(mesh_options.get("kwargs") or {}))
         override = port_override()
         options: dict[str, Any] = dict(mesh_options)
         placement = options.pop("placement", None)
@@ -215,7 +207,7 @@ class JaxMesh(am.ActorMesh[T]):
             setup = JaxSetup(num_processes, _node_ip(group, rank0_bundle), override, rendezvous,
                              init_timeout_s, platforms, local_device_count)
             super().__init__(
-                _jax_class(actor_cls),
+                with_setup(actor_cls, join),
                 {DIM: num_processes},
                 args=(setup, *user_args),
                 placement=am.Placement(placement_group=group),

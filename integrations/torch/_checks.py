@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import ray
 
@@ -55,22 +53,3 @@ def placement_has_gpus(placement: am.Placement | None) -> bool:
         else list(placement.placement_group.bundle_specs) if placement.placement_group else []
     )
     return bool(bundles) and all(b.get("GPU", 0) > 0 for b in bundles)
-
-
-def init_args(cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Refuse constructor arguments that do not fit `cls.__init__`, before any actor starts (the
-    mesh's class takes any: it passes them on after joining the world)."""
-    if cls.__init__ is object.__init__:
-        if args or kwargs:
-            raise TypeError(f"{cls.__name__} takes no constructor arguments, got "
-                            f"args={args!r}, kwargs={kwargs!r}")
-        return
-    try:
-        signature = inspect.signature(cls.__init__)
-    except (TypeError, ValueError):  # a builtin or C __init__: nothing to check here
-        return
-    try:
-        signature.bind(None, *args, **kwargs)
-    except TypeError as err:
-        raise TypeError(f"{cls.__name__}.__init__{signature} does not take args={args!r}, "
-                        f"kwargs={kwargs!r}: {err}") from None

@@ -14,13 +14,14 @@ import logging
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypedDict, TypeVar, cast
+from typing import Any, TypedDict, TypeVar
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from typing_extensions import Unpack
 
 import actormesh as am
+from actormesh._actor import check_init_args, with_setup
 from actormesh._balancer import BalancerSpec
 from actormesh._shape import ShapeLike
 
@@ -47,17 +48,6 @@ class MeshOptions(TypedDict, total=False):
     balancer: BalancerSpec
     max_in_flight: int | None
     name: str | None
-
-
-def _torch_class(cls: type[T]) -> type[T]:
-    """The subclass of `cls` whose `__init__(setup, *args, **kwargs)` joins the world first."""
-
-    def __init__(self: Any, setup: WorldSetup, *args: Any, **kwargs: Any) -> None:
-        join(setup)
-        cls.__init__(self, *args, **kwargs)
-
-    namespace = {"__init__": __init__, "__doc__": cls.__doc__}
-    return cast("type[T]", type(cls.__name__, (cls,), namespace))
 
 
 class TorchMesh(am.ActorMesh[T]):
@@ -99,8 +89,8 @@ class TorchMesh(am.ActorMesh[T]):
         gpus = bool(mesh_options.get("num_gpus")) or _checks.placement_has_gpus(
             mesh_options.get("placement"))
         chosen = _checks.backend(backend, gpus)
-        _checks.init_args(actor_cls, tuple(mesh_options.get("args", ())),
-                          dict(mesh_options.get("kwargs") or {}))
+        check_init_args(actor_cls, tuple(mesh_options.get("args", ())),
+                        dict(mesh_options.get("kwargs") or {}))
         if not ray.is_initialized():
             ray.init()  # as ActorMesh does on a first call, honouring RAY_ADDRESS
         context = ray.get_runtime_context()
@@ -114,7 +104,7 @@ class TorchMesh(am.ActorMesh[T]):
         user_args = tuple(options.pop("args", ()))
         hook = _restart_hook(setup, rendezvous, on_restart) if max_restarts != 0 else on_restart
         try:
-            super().__init__(_torch_class(actor_cls), full, args=(setup, *user_args),
+            super().__init__(with_setup(actor_cls, join), full, args=(setup, *user_args),
                              max_restarts=max_restarts, on_restart=hook, **options)
         except BaseException:
             _kill(rendezvous)
