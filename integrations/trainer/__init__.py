@@ -12,7 +12,7 @@ async def sync_weights(version: int) -> None:
 trainer = AsyncTrainer(prompts, rollout, train, batch_size=32, max_staleness=2,
                        sync_weights=sync_weights, max_concurrency=128)
 for m in trainer.run():
-    print(m["step"], m["staleness"])
+    history.append((m["step"], m["staleness"]))
 ```
 
 The rules, exactly (B = `batch_size`, S = `max_staleness`):

@@ -7,6 +7,7 @@ methods, a real vLLM engine or the deterministic `FakeEngine`, runs under the sa
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import dataclasses
 import warnings
@@ -86,7 +87,7 @@ class WeightSpec:
                    dict(raw["dtypes"]), dict(raw["groups"]))
 
 
-class Engine:
+class Engine(abc.ABC):
     """Base class of engine actors (the protocol). Every method is async; the pool guarantees
     that it sends no new `generate` while the engine is paused, but calls sent just before a
     pause may arrive after it (an async actor runs calls out of order), so an engine handles
@@ -141,40 +142,47 @@ class Engine:
         return {}
 
     @am.method
+    @abc.abstractmethod
     async def generate(self, requests: list[SubRequest]) -> list[Piece]:
         """Run every sub-request (concurrently, on this engine); return one `Piece` each when all
         have finished or been cut by `pause("abort")`. One call is one balancer slot."""
-        raise NotImplementedError
+        ...
 
     @am.method
+    @abc.abstractmethod
     async def pause(self, mode: PauseMode) -> None:
         """Stop producing tokens; return once quiet. `"keep"`: sequences freeze in place.
         `"abort"`: every sequence is cut (its `generate` returns what it has), and calls that
         arrive while paused return at once with nothing. `"wait"`: the sequences held finish
         (queued ones included), then the engine freezes. Pausing again with `"abort"` cuts
         what a `"keep"` pause froze."""
-        raise NotImplementedError
+        ...
 
     @am.method
+    @abc.abstractmethod
     async def resume(self) -> None:
         """Produce tokens again; frozen sequences go on where they stopped."""
-        raise NotImplementedError
+        ...
 
     @am.method
+    @abc.abstractmethod
     async def stats(self) -> EngineStats:
-        raise NotImplementedError
+        ...
 
     @am.method
+    @abc.abstractmethod
     async def weight_spec(self) -> WeightSpec:
-        raise NotImplementedError
+        ...
 
     @am.method
+    @abc.abstractmethod
     async def read_weights(self, names: list[str]) -> bytes:
         """The checkpoint's values of `names` as safetensors bytes (to complete a partial update)."""
-        raise NotImplementedError
+        ...
 
     @am.method
+    @abc.abstractmethod
     async def load_weights(self, blob: bytes, version: int) -> int:
         """Load the tensors of a safetensors blob (whole modules only), reset the prefix cache,
         tag later tokens with `version`; return the number of tensors loaded."""
-        raise NotImplementedError
+        ...
