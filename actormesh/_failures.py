@@ -32,6 +32,8 @@ from ._errors import NoLiveActorsError
 log = logging.getLogger("actormesh")
 
 _ALIVE, _RESTARTING, _DEAD = "alive", "restarting", "dead"
+_CALLABLE_POLL_S = 0.005
+_CALLABLE_POLLS = 2000  # 10 s: then the hook and the calls go ahead, and fail if they must
 
 Dispatch = Callable[[Sequence[_native.Decision]], None]
 """Sends the queued calls a scheduler has just given a slot (the router's)."""
@@ -126,7 +128,19 @@ class Failures:
             self._fail(orphans, NoLiveActorsError(f"no live actor left to take the call ({why})"))
 
     def _come_back(self, actor: int, epoch: int) -> None:
-        """A new incarnation answers: run the hook, then route to it."""
+        """A new incarnation answers: once this process can call it, run the hook, then route
+        to it."""
+        _loop.loop().create_task(self._when_callable(actor, epoch))
+
+    async def _when_callable(self, actor: int, epoch: int) -> None:
+        # The channel says "alive" a little before this process's core worker knows it, which
+        # fails calls sent meanwhile ("the actor is restarting"): wait for it (a few ms).
+        actor_id = self._actor_ids[actor] if actor < len(self._actor_ids) else None
+        for _ in range(_CALLABLE_POLLS):
+            if self._closed or self.epochs[actor] != epoch or actor_id is None \
+                    or _ray.locally_alive(actor_id):
+                break
+            await asyncio.sleep(_CALLABLE_POLL_S)
         hook = self.on_restart
         if hook is None:
             self._readmit(actor, epoch)

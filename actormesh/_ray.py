@@ -101,6 +101,17 @@ async def actor_state(actor_id: bytes) -> tuple[int, int, str] | None:
     return None
 
 
+def locally_alive(actor_id: bytes) -> bool:
+    """Whether this process's own core worker sees the actor alive. It learns of a restart's end
+    from the GCS too, a little after the channel says so; until then it fails calls to the actor
+    at once ("the actor is restarting"). True if this Ray cannot tell."""
+    try:
+        core_worker = _worker.global_worker.core_worker
+        return int(core_worker.get_local_actor_state(ray.ActorID(actor_id))) == ALIVE
+    except Exception:  # noqa: BLE001 - not the internals this was written for
+        return True
+
+
 def _reason(data: Any) -> str:
     try:
         context = data.death_cause.actor_died_error_context
