@@ -12,8 +12,9 @@ Inside the actors, `jax.process_index()` is the actor's rank and `checkpoint.sav
 writes once per file system.
 """
 
+from .._options import MeshOptions
 from . import checkpoint
 from ._coordinator import PORT_ENV
-from ._mesh import DIM, JaxMesh, MeshOptions
+from ._mesh import DIM, JaxMesh
 
 __all__ = ["DIM", "PORT_ENV", "JaxMesh", "MeshOptions", "checkpoint"]

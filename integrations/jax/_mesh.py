@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypedDict, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import ray
 from ray.exceptions import GetTimeoutError
@@ -20,35 +20,15 @@ from typing_extensions import Unpack
 
 import actormesh as am
 from actormesh._actor import check_init_args, with_setup
-from actormesh._balancer import BalancerSpec
 from actormesh._placement import Strategy, _rank_order
 
+from .._options import MeshOptions
 from ._coordinator import PORT_ENV, Arrival, check_port_free, port_override, start_rendezvous
 
 T = TypeVar("T")
 
 DIM = "process"
 """The one dim of a `JaxMesh`: its rank is the JAX process index."""
-
-
-class MeshOptions(TypedDict, total=False):
-    """The `ActorMesh` options a `JaxMesh` passes through (its shape is fixed by `num_processes`).
-
-    `max_restarts` and `on_restart` are left out: `jax.distributed` cannot re-admit one restarted
-    process into a running program.
-    """
-
-    args: Sequence[Any]
-    kwargs: Mapping[str, Any] | None
-    num_cpus: float | None
-    num_gpus: float | None
-    resources: Mapping[str, float] | None
-    memory: int | None
-    runtime_env: Mapping[str, Any] | None
-    placement: am.Placement | None
-    balancer: BalancerSpec
-    max_in_flight: int | None
-    name: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +133,9 @@ class JaxMesh(am.ActorMesh[T]):
       sets how many CPU devices each process exposes (`jax_num_cpu_devices`), for testing
       sharded programs on one machine.
     - `init_timeout_s`: how long a process waits for the others to reach the coordinator.
+    - The other `ActorMesh` options pass through (`MeshOptions`), except `shape` (fixed by
+      `num_processes`), `max_restarts` and `on_restart`: `jax.distributed` cannot re-admit one
+      restarted process into a running program.
 
     Like `ActorMesh`, the constructor does not wait: `mesh.wait_ready()` returns once every
     process has joined (and raises the error, naming the coordinator address, if one could not).

@@ -14,9 +14,10 @@ link's group, and `current_world()` the actor's place in its world. `torch` is i
 where it is used: the driver of a `TorchMesh` does not need it.
 """
 
+from .._options import MeshOptions
 from ._groups import TorchWorld, current_world, process_group
 from ._link import Link, link
-from ._mesh import MeshOptions, TorchMesh
+from ._mesh import TorchMesh
 
 __all__ = ["Link", "MeshOptions", "TorchMesh", "TorchWorld", "current_world", "link",
            "process_group"]

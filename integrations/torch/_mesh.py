@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypedDict, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -22,9 +22,9 @@ from typing_extensions import Unpack
 
 import actormesh as am
 from actormesh._actor import check_init_args, with_setup
-from actormesh._balancer import BalancerSpec
 from actormesh._shape import ShapeLike
 
+from .._options import MeshOptions
 from . import _checks, _link
 from ._rendezvous import Rendezvous
 from ._world import WorldSetup, invite, join
@@ -32,22 +32,6 @@ from ._world import WorldSetup, invite, join
 T = TypeVar("T")
 
 log = logging.getLogger("actormesh.torch")
-
-
-class MeshOptions(TypedDict, total=False):
-    """The `ActorMesh` options a `TorchMesh` passes through unchanged."""
-
-    args: Sequence[Any]
-    kwargs: Mapping[str, Any] | None
-    num_cpus: float | None
-    num_gpus: float | None
-    resources: Mapping[str, float] | None
-    memory: int | None
-    runtime_env: Mapping[str, Any] | None
-    placement: am.Placement | None
-    balancer: BalancerSpec
-    max_in_flight: int | None
-    name: str | None
 
 
 class TorchMesh(am.ActorMesh[T]):

@@ -19,12 +19,11 @@ import logging
 import time
 from typing import Generic, TypeVar
 
-from ._ledger import Ledger
 from ._metrics import StepMetrics
 from ._progress import Progress
 from ._rollout import Outcome, run_rollout
 from ._settings import Settings
-from ._steps import StepCalls
+from ._steps import Loop, StepCalls
 from ._waits import CANCEL_GRACE_S, STALL_LOG_S
 
 logger = logging.getLogger("actormesh.trainer")
@@ -41,20 +40,14 @@ class Span(Generic[G]):
     filtered: list[Outcome[G]]
 
 
-class AsyncLoop(Generic[G]):
+class AsyncLoop(Loop[G]):
     """One run of the asynchronous loop (see the package docstring for its rules)."""
 
     def __init__(self, settings: Settings[G], progress: Progress, calls: StepCalls[G],
                  max_steps: int | None) -> None:
-        self.settings = settings
-        self.progress = progress
-        self.calls = calls
-        self.max_steps = max_steps
+        super().__init__(settings, progress, calls, max_steps,
+                         max_staleness=settings.max_staleness)
         self.steps_done = 0
-        self.ledger = Ledger(
-            batch_size=settings.batch_size, max_staleness=settings.max_staleness,
-            max_concurrency=settings.max_concurrency, on_transition=settings.on_transition,
-            version=progress.step)
         self.next_pos = 0
         self.outcomes: dict[int, Outcome[G]] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}

@@ -17,6 +17,9 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar, cast
 
+from ._ledger import Ledger
+from ._progress import Progress
+from ._settings import Settings
 from ._waits import watched
 
 logger = logging.getLogger("actormesh.trainer")
@@ -82,3 +85,19 @@ class StepCalls(Generic[G]):
             result = await watched(asyncio.wrap_future(self._in_thread), what)
         if inspect.isawaitable(result):
             await watched(result, what)
+
+
+class Loop(Generic[G]):
+    """What one run of either loop holds: the settings, the committed progress, the user's calls,
+    the step limit, and the ledger that admits rollouts (`max_staleness` 0 for the sync loop)."""
+
+    def __init__(self, settings: Settings[G], progress: Progress, calls: StepCalls[G],
+                 max_steps: int | None, *, max_staleness: int) -> None:
+        self.settings = settings
+        self.progress = progress
+        self.calls = calls
+        self.max_steps = max_steps
+        self.ledger = Ledger(
+            batch_size=settings.batch_size, max_staleness=max_staleness,
+            max_concurrency=settings.max_concurrency, on_transition=settings.on_transition,
+            version=progress.step)

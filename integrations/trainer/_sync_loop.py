@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Generic, TypeVar
+from typing import TypeVar
 
-from ._ledger import Ledger
 from ._metrics import StepMetrics
 from ._progress import Progress
 from ._rollout import Outcome, run_rollout
 from ._settings import Settings
-from ._steps import StepCalls
+from ._steps import Loop, StepCalls
 from ._waits import wait_all
 
 logger = logging.getLogger("actormesh.trainer")
@@ -25,19 +24,12 @@ logger = logging.getLogger("actormesh.trainer")
 G = TypeVar("G")
 
 
-class SyncLoop(Generic[G]):
+class SyncLoop(Loop[G]):
     """One run of the synchronous loop."""
 
     def __init__(self, settings: Settings[G], progress: Progress, calls: StepCalls[G],
                  max_steps: int | None) -> None:
-        self.settings = settings
-        self.progress = progress
-        self.calls = calls
-        self.max_steps = max_steps
-        self.ledger = Ledger(
-            batch_size=settings.batch_size, max_staleness=0,
-            max_concurrency=settings.max_concurrency, on_transition=settings.on_transition,
-            version=progress.step)
+        super().__init__(settings, progress, calls, max_steps, max_staleness=0)
 
     async def run(self) -> list[StepMetrics]:
         settings, progress, ledger = self.settings, self.progress, self.ledger

@@ -34,6 +34,7 @@ from typing_extensions import Unpack
 import actormesh as am
 from actormesh._balancer import BalancerSpec
 
+from .._options import ActorOptions
 from . import _weights
 from ._protocol import PAUSE_MODES, Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
 from ._requests import Generation, Sequence, check_prompt, check_sampling, group
@@ -46,18 +47,10 @@ DIM = "engine"
 """The one dim of a pool's mesh."""
 
 
-class MeshOptions(TypedDict, total=False):
+class MeshOptions(ActorOptions, total=False):
     """The `ActorMesh` options a pool passes through to its engine actors."""
 
-    num_cpus: float | None
-    num_gpus: float | None
-    resources: Mapping[str, float] | None
-    memory: int | None
-    runtime_env: Mapping[str, Any] | None
-    placement: am.Placement | None
-    max_in_flight: int | None
     max_restarts: int
-    name: str | None
 
 
 class PoolFuture(Generic[R]):

@@ -1,0 +1,30 @@
+"""The `ActorMesh` options the integrations pass through to the mesh they start, typed once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
+
+import actormesh as am
+from actormesh._balancer import BalancerSpec
+
+
+class ActorOptions(TypedDict, total=False):
+    """Where and how the actors run: the `ActorMesh` options every integration passes through."""
+
+    num_cpus: float | None
+    num_gpus: float | None
+    resources: Mapping[str, float] | None
+    memory: int | None
+    runtime_env: Mapping[str, Any] | None
+    placement: am.Placement | None
+    max_in_flight: int | None
+    name: str | None
+
+
+class MeshOptions(ActorOptions, total=False):
+    """`ActorOptions` and the constructor's arguments and the balancer, as `ActorMesh` takes them."""
+
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None
+    balancer: BalancerSpec
