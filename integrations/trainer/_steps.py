@@ -13,12 +13,15 @@ import contextlib
 import functools
 import inspect
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar, cast
 
 from ._ledger import Ledger
+from ._metrics import StepMetrics
 from ._progress import Progress
+from ._rollout import Outcome, run_rollout
 from ._settings import Settings
 from ._waits import watched
 
@@ -97,7 +100,69 @@ class Loop(Generic[G]):
         self.progress = progress
         self.calls = calls
         self.max_steps = max_steps
+        self.first_step = progress.step
         self.ledger = Ledger(
             batch_size=settings.batch_size, max_staleness=max_staleness,
             max_concurrency=settings.max_concurrency, on_transition=settings.on_transition,
             version=progress.step)
+
+    @property
+    def steps_done(self) -> int:
+        return self.progress.step - self.first_step
+
+    def wants_more(self) -> bool:
+        return self.progress.epoch < self.settings.epochs and (
+            self.max_steps is None or self.steps_done < self.max_steps)
+
+    def _admit(self) -> None:
+        """Start what the admission rule allows (with `ledger.cond` held); the sync loop starts
+        its rollouts itself."""
+
+    def _open_epoch(self) -> None:
+        """With `ledger.cond` held: count the epoch from its committed progress, and admit."""
+        progress = self.progress
+        self.ledger.open_epoch(progress.epoch, epoch_version=progress.epoch_step,
+                               accepted=len(progress.consumed), filtered=len(progress.filtered))
+        self._admit()
+
+    async def _end_epoch(self, buffered: int) -> None:
+        async with self.ledger.cond:
+            self.ledger.check_epoch_end(buffered=buffered)
+            self.progress.next_epoch()
+            if self.wants_more():
+                self._open_epoch()
+
+    async def _attempt(self, uid: int) -> Outcome[G]:
+        settings, ledger = self.settings, self.ledger
+        return await run_rollout(
+            lambda: settings.start(uid), uid, version=lambda: ledger.version,
+            timeout_s=settings.rollout_timeout_s, retries=settings.rollout_retries)
+
+    async def _step(self, accepted: list[Outcome[G]], filtered: list[Outcome[G]], mark: float,
+                    start: float) -> StepMetrics:
+        progress, ledger = self.progress, self.ledger
+        step, epoch = progress.step, progress.epoch
+        ready = sorted(accepted, key=lambda o: o.uid)
+        groups = [o.group for o in ready if o.group is not None]
+        t_ready = time.perf_counter()
+        await self.calls.train(groups, step)
+        t_trained = time.perf_counter()
+        progress.commit([o.uid for o in accepted], [o.uid for o in filtered], trained=True)
+        async with ledger.cond:
+            ledger.trained_step(len(groups))
+        if ledger.failure is not None:
+            raise ledger.failure  # the step is committed; the next run syncs its weights first
+        await self.calls.sync(step + 1)
+        t_synced = time.perf_counter()
+        async with ledger.cond:
+            ledger.synced_step(len(groups))
+            self._admit()
+        logger.debug("step %d trained %d groups (uids %s)", step, len(groups),
+                     [o.uid for o in ready])
+        return StepMetrics(
+            step=step, epoch=epoch, uids=[o.uid for o in ready],
+            versions=[o.version for o in ready], staleness=[step - o.version for o in ready],
+            filtered=sorted(o.uid for o in filtered),
+            retries=sum(o.attempts - 1 for o in accepted + filtered),
+            wait_s=t_ready - mark, train_s=t_trained - t_ready, sync_s=t_synced - t_trained,
+            elapsed_s=t_synced - start)

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from ._metrics import StepMetrics
 from ._progress import Progress
-from ._rollout import Outcome, run_rollout
+from ._rollout import Outcome
 from ._settings import Settings
 from ._steps import Loop, StepCalls
 from ._waits import wait_all
@@ -35,15 +35,9 @@ class SyncLoop(Loop[G]):
         settings, progress, ledger = self.settings, self.progress, self.ledger
         metrics: list[StepMetrics] = []
         start = time.perf_counter()
-        opened = False
-        while progress.epoch < settings.epochs and (
-                self.max_steps is None or len(metrics) < self.max_steps):
-            if not opened:
-                async with ledger.cond:
-                    ledger.open_epoch(progress.epoch, epoch_version=progress.epoch_step,
-                                      accepted=len(progress.consumed),
-                                      filtered=len(progress.filtered))
-                opened = True
+        async with ledger.cond:
+            self._open_epoch()
+        while self.wants_more():
             t0 = time.perf_counter()
             # Generate the next batch_size prompts; replace the filtered ones by the next ones.
             pos, accepted, filtered = progress.cursor, list[Outcome[G]](), list[Outcome[G]]()
@@ -57,24 +51,19 @@ class SyncLoop(Loop[G]):
             else:
                 progress.commit([], [o.uid for o in filtered], trained=False)
             if progress.epoch_done:
-                async with ledger.cond:
-                    ledger.check_epoch_end(buffered=0)
-                progress.next_epoch()
-                opened = False
+                await self._end_epoch(buffered=0)
         return metrics
 
     async def _generate(self, uids: list[int]) -> list[Outcome[G]]:
         """The rollouts of `uids`, at most `max_concurrency` at a time, in the order of `uids`."""
-        settings, ledger = self.settings, self.ledger
-        slots = asyncio.Semaphore(settings.max_concurrency or len(uids))
+        ledger = self.ledger
+        slots = asyncio.Semaphore(self.settings.max_concurrency or len(uids))
 
         async def one(uid: int) -> Outcome[G]:
             async with slots:
                 async with ledger.cond:
                     ledger.admitted()
-                outcome = await run_rollout(
-                    lambda: settings.start(uid), uid, version=lambda: ledger.version,
-                    timeout_s=settings.rollout_timeout_s, retries=settings.rollout_retries)
+                outcome = await self._attempt(uid)
                 async with ledger.cond:
                     ledger.resolved(outcome.group is not None)
                 if ledger.failure is not None:  # the on_transition hook raised
@@ -84,29 +73,3 @@ class SyncLoop(Loop[G]):
         tasks = [asyncio.create_task(one(uid), name=f"actormesh.trainer rollout uid {uid}")
                  for uid in uids]
         return await wait_all(tasks, f"step {self.progress.step}: rollouts")
-
-    async def _step(self, accepted: list[Outcome[G]], filtered: list[Outcome[G]], t0: float,
-                    start: float) -> StepMetrics:
-        progress, ledger = self.progress, self.ledger
-        step, epoch = progress.step, progress.epoch
-        ready = sorted(accepted, key=lambda o: o.uid)
-        groups = [o.group for o in ready if o.group is not None]
-        t_ready = time.perf_counter()
-        await self.calls.train(groups, step)
-        t_trained = time.perf_counter()
-        progress.commit([o.uid for o in accepted], [o.uid for o in filtered], trained=True)
-        async with ledger.cond:
-            ledger.trained_step(len(groups))
-        if ledger.failure is not None:
-            raise ledger.failure
-        await self.calls.sync(step + 1)
-        t_synced = time.perf_counter()
-        async with ledger.cond:
-            ledger.synced_step(len(groups))
-        return StepMetrics(
-            step=step, epoch=epoch, uids=[o.uid for o in ready],
-            versions=[o.version for o in ready], staleness=[step - o.version for o in ready],
-            filtered=sorted(o.uid for o in filtered),
-            retries=sum(o.attempts - 1 for o in accepted + filtered),
-            wait_s=t_ready - t0, train_s=t_trained - t_ready, sync_s=t_synced - t_trained,
-            elapsed_s=t_synced - start)

@@ -106,7 +106,7 @@ class AsyncTrainer(Generic[G]):
     @property
     def epoch(self) -> int:
         """The epoch the next step belongs to (`epochs` once training is complete)."""
-        return self._progress.state()["epoch"]
+        return self._progress.epoch + self._progress.epoch_done
 
     def run(self, max_steps: int | None = None) -> list[StepMetrics]:
         """Train until every epoch is done, or for at most `max_steps` more steps, and return

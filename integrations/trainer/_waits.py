@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 logger = logging.getLogger("actormesh.trainer")
 
@@ -56,8 +56,9 @@ async def wait_all(tasks: list[asyncio.Task[T]], what: str) -> list[T]:
         while pending:
             done, pending = await asyncio.wait(
                 pending, timeout=STALL_LOG_S, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                error = None if task.cancelled() else task.exception()
+            # Read every finished task's error (asyncio logs those never read); raise the first.
+            errors = [task.exception() for task in done if not task.cancelled()]
+            for error in errors:
                 if error is not None:
                     raise error
             if not done:
@@ -65,11 +66,16 @@ async def wait_all(tasks: list[asyncio.Task[T]], what: str) -> list[T]:
                                time.perf_counter() - start)
         return [task.result() for task in tasks]
     finally:
-        left = [task for task in tasks if not task.done()]
-        for task in left:
-            task.cancel()
-        if left:
-            _, pending = await asyncio.wait(left, timeout=CANCEL_GRACE_S)
-            if pending:
-                logger.error("%s: %d did not stop within %s s of being cancelled", what,
-                             len(pending), CANCEL_GRACE_S)
+        await cancel_all([task for task in tasks if not task.done()], what)
+
+
+async def cancel_all(tasks: list[asyncio.Task[Any]], what: str,
+                     grace_s: float = CANCEL_GRACE_S) -> None:
+    """Cancel `tasks` and give them `grace_s` to stop; log those that do not."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        if pending:
+            logger.error("%s: %d did not stop within %s s of being cancelled", what,
+                         len(pending), grace_s)
