@@ -149,7 +149,7 @@ def clean(value: Any) -> Any:
 
 # Keys whose null means "none" (no control, no such contender), not a number that was NaN.
 NULLABLE = {"control", "strongest", "best", "vs_strongest", "vs_random", "best_vs_strongest",
-            "no_control", "native_ns", "scan_ns", "dirty", "pooled"}
+            "no_control", "native_ns", "scan_ns", "dirty"}
 
 
 def unclean(value: Any, key: str = "") -> Any:

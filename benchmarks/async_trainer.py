@@ -53,7 +53,6 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import ray
 
 from actormesh.integrations.trainer import AsyncTrainer, epoch_order
@@ -405,20 +404,13 @@ def measure(scenario: Scenario, repeats: int) -> Measured:
     return out
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def report(scenario: Scenario, m: Measured, repeats: int) -> dict[str, Any]:
     """The table, the comparison and the raw figures of one workload."""
     names = list(CONTENDERS)
-    ranges = {name: summary([a / b for a, b in zip(m.rates[name], m.rates[BASELINE])])
+    ranges = {name: stats.paired(m.rates[name], m.rates[BASELINE], higher_is_better=True)
               for name in names if name != BASELINE}
-    runs = {name: [stats.RunSample(np.empty(0), 0, {}, {"throughput_per_s": rate})
-                   for rate in m.rates[name]] for name in names}
-    comparison = stats.compare(runs, ["throughput_per_s"], contenders=names[1:],
-                               baselines=[BASELINE], control=(CONTROL, BASELINE))
-    block = comparison["throughput_per_s"]
+    block = stats.compare_scalars(m.rates, "throughput_per_s", contenders=names[1:],
+                                  baselines=[BASELINE], control=(CONTROL, BASELINE))
     control = stats.control_of(block)
     staler = {name: {"fraction": sum(x > bound for x in m.staleness[name]) / len(m.staleness[name]),
                      "max": float(max(m.staleness[name]))}
@@ -427,7 +419,7 @@ def report(scenario: Scenario, m: Measured, repeats: int) -> dict[str, Any]:
     print(f"{scenario.name}: samples/s (median, range over repeats); ratio to sync=True: paired "
           f"median (range), 95% bootstrap interval, verdict against the A/A noise:")
     for name in names:
-        samples = summary(m.rates[name])
+        samples = stats.spread(m.rates[name])
         cells = [name, f"{samples['median']:.1f} ({samples['min']:.1f}–{samples['max']:.1f})"]
         ratio = stats.find(block, name, BASELINE) if name != BASELINE else None
         if ratio is None:
@@ -452,10 +444,10 @@ def report(scenario: Scenario, m: Measured, repeats: int) -> dict[str, Any]:
         "repeats": repeats,
         "samples_per_s": m.rates,
         "ratio_to_sync": ranges,
-        "comparison": comparison,
+        "comparison": {"throughput_per_s": block},
         "staleness": {name: dict(sorted(Counter(m.staleness[name]).items())) for name in names},
         "staler_than_setting": staler,
-        "sync_weights_ms": {name: summary([s * 1e3 for s in m.sync_s[name]]) for name in names},
+        "sync_weights_ms": {name: stats.spread([s * 1e3 for s in m.sync_s[name]]) for name in names},
         "sync_step_shares": {phase: t / m.phases[BASELINE].total()
                              for phase, t in m.phases[BASELINE].items()},
     }

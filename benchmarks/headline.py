@@ -259,11 +259,12 @@ EXPLAIN = (
 )
 
 
-def markdown(results: dict[str, Any]) -> str:
+def tables(results: dict[str, Any]) -> list[str]:
+    """The headline's tables as markdown lines (`markdown` and the report both show them)."""
     from .report import markdown_table
 
+    lines: list[str] = []
     header, body = ray_table(ray_rows(results))
-    lines = [provenance(results), "", EXPLAIN, ""]
     if body:
         lines += [markdown_table(header, body), ""]
     side = side_rows(results)
@@ -273,5 +274,10 @@ def markdown(results: dict[str, Any]) -> str:
     other = other_rows(results)
     if other:
         lines += [markdown_table(["without Ray", "result", "check"], other), ""]
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [provenance(results), "", EXPLAIN, "", *tables(results)]
     lines.append("Every figure comes from this run; `bench-results/report.md` has every scenario.")
     return "\n".join(lines) + "\n"

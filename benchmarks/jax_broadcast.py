@@ -20,17 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import ray
-from rich.progress import Progress
 
 import actormesh as am
 from actormesh.integrations.jax import JaxMesh
+
+from .timing import summary, timed
 
 
 class Consumer:
@@ -39,31 +39,6 @@ class Consumer:
     @am.method
     def consume(self, batch: np.ndarray) -> int:
         return int(batch.nbytes)
-
-
-def timed(fns: Sequence[Callable[[], object]], repeats: int, warmup: int = 1,
-          what: str = "") -> list[list[float]]:
-    """Seconds per run of each of `fns`, run in turn (so drift in the machine hits all alike)."""
-    with Progress(transient=True) as bar:
-        task = bar.add_task(what, total=(warmup + repeats) * len(fns))
-        for w in range(warmup):
-            for fn in fns:
-                bar.update(task, description=f"{what}: warm-up {w + 1}/{warmup}")
-                fn()
-                bar.advance(task)
-        times: list[list[float]] = [[] for _ in fns]
-        for r in range(repeats):
-            bar.update(task, description=f"{what}: {r + 1}/{repeats}")
-            for fn, runs in zip(fns, times):
-                start = time.perf_counter()
-                fn()
-                runs.append(time.perf_counter() - start)
-                bar.advance(task)
-    return times
-
-
-def summary(times: Sequence[float]) -> dict[str, float]:
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
 
 
 def startup(processes: int, repeats: int) -> dict[str, dict[str, float]]:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .driver import Run
-from .stats import RunSample
+from .stats import METRICS, RunSample
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 # Quantiles kept for the latency CDF plots: dense in the body, then down the tail to 1e-4.
@@ -33,6 +33,13 @@ def latencies(run: Run, warmup_s: float) -> tuple[np.ndarray, np.ndarray, np.nda
     lat = (run.ended[done] - run.sent[done]) * 1e3
     censored = (run.deadline - run.sent[unfinished]) * 1e3
     return lat, censored, measured
+
+
+def batch_lower_bound(durations: np.ndarray, slowdowns: Sequence[float]) -> float:
+    """No scheduler finishes the calls sooner: their work spread perfectly over the actors'
+    speeds (1 / slowdown), or the longest call on the fastest actor."""
+    speeds = 1.0 / np.asarray(slowdowns, dtype=float)
+    return max(float(durations.sum() / speeds.sum()), float(durations.max() / speeds.max()))
 
 
 def run_metrics(run: Run, *, warmup_s: float, slowdowns: Sequence[float],
@@ -84,10 +91,7 @@ def run_metrics(run: Run, *, warmup_s: float, slowdowns: Sequence[float],
         out["utilisation"] = float(busy.sum() / (n_actors * span)) if span > 0 else math.nan
         out["imbalance"] = float(busy.max() / busy.mean()) if busy.mean() > 0 else math.nan
         out["busy_s_per_actor"] = [round(float(b), 4) for b in busy]
-        # The planned work, spread perfectly over the actors' speeds, or its longest call.
-        speeds = 1.0 / np.asarray(slowdowns, dtype=float)
-        bound = max(float(run.duration_s.sum() / speeds.sum()),
-                    float(run.duration_s.max() / speeds.max()))
+        bound = batch_lower_bound(run.duration_s, slowdowns)
         out["lower_bound_s"] = bound
         out["makespan_over_bound"] = out["makespan_s"] / bound if bound > 0 else math.nan
         # Did the driver keep up with the plan?
@@ -138,8 +142,8 @@ def sample(run: Run, metrics: dict[str, Any], warmup_s: float) -> RunSample:
     counts = {"lost_frac": (int(metrics["lost"]), int(metrics["calls"]))}
     if "slow" in metrics:
         counts["slow_frac"] = (int(metrics["slow"]), len(finished) + len(censored_ms))
-    values = {k: float(metrics[k]) for k in ("makespan_s", "throughput_per_s", "cpu_us_per_call")
-              if isinstance(metrics.get(k), (int, float))}
+    values = {k: float(metrics[k]) for k, m in METRICS.items()
+              if m.kind == "scalar" and isinstance(metrics.get(k), (int, float))}
     return RunSample(np.concatenate([finished, censored_ms]), len(finished), counts, values)
 
 

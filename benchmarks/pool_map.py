@@ -44,6 +44,7 @@ from ray.util import ActorPool as RayPool
 import actormesh as am
 
 from . import stats
+from .metrics import batch_lower_bound
 
 ACTORS = 8
 STRAGGLER = 0  # the actor 10× slower in part 2
@@ -194,8 +195,8 @@ def measure_straggler(actors: list[Any], sizes: Sizes) -> dict[str, list[float]]
 
 def lower_bound_s(sizes: Sizes) -> float:
     """The batch spread over the actors' summed rates: no scheduler can finish sooner."""
-    rates = (ACTORS - 1) / sizes.base_s + 1 / (sizes.base_s * sizes.slowdown)
-    return sizes.batch / rates
+    return batch_lower_bound(np.full(sizes.batch, sizes.base_s),
+                             [1.0] * (ACTORS - 1) + [sizes.slowdown])
 
 
 # -- part 3: a killed actor ------------------------------------------------------------------
@@ -256,24 +257,6 @@ def measure_faults(sizes: Sizes) -> dict[str, list[FaultRun]]:
 
 
 # -- the report --------------------------------------------------------------------------------
-def spread(values: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def paired(a: Sequence[float], b: Sequence[float], higher_is_better: bool) -> dict[str, float]:
-    """How many times better a is than b, per repeat: median and range."""
-    return spread([x / y if higher_is_better else y / x for x, y in zip(a, b)])
-
-
-def compare_block(values: dict[str, list[float]], metric: str, contenders: Sequence[str],
-                  baselines: Sequence[str]) -> dict[str, Any]:
-    samples = {name: [stats.RunSample(np.empty(0), 0, {}, {metric: v}) for v in runs]
-               for name, runs in values.items()}
-    block: dict[str, Any] = stats.compare(samples, [metric], contenders=contenders,
-                                          baselines=baselines, control=(RAY_AA, RAY))[metric]
-    return block
-
-
 def ratio_rows(values: dict[str, list[float]], block: dict[str, Any], baselines: Sequence[str],
                higher_is_better: bool, unit: Callable[[float], str]) -> list[list[str]]:
     """Per contender: its values, then per baseline the paired ratio per repeat (median and
@@ -281,13 +264,13 @@ def ratio_rows(values: dict[str, list[float]], block: dict[str, Any], baselines:
     control = stats.control_of(block)
     rows = []
     for name, runs in values.items():
-        s = spread(runs)
+        s = stats.spread(runs)
         cells = [name, f"{unit(s['median'])} ({unit(s['min'])}–{unit(s['max'])})"]
         for baseline in baselines:
             if name == baseline:
                 cells.append("baseline")
                 continue
-            q = paired(runs, values[baseline], higher_is_better)
+            q = stats.paired(runs, values[baseline], higher_is_better)
             cell = f"{q['median']:.2f}× ({q['min']:.2f}–{q['max']:.2f})"
             if name == RAY_AA and baseline == RAY:
                 cell += f"; {stats.interval_text(control)}; the A/A control"
@@ -338,10 +321,12 @@ def run(quick: bool, out_dir: str | Path, repeats: int | None = None) -> dict[st
     faults = measure_faults(sizes)
 
     tiny_ours = [n for n in (MESH, POOL, POOL2) if n in rates]
-    tiny_block = compare_block(rates, "throughput_per_s", tiny_ours, [RAY, RAW])
+    tiny_block = stats.compare_scalars(rates, "throughput_per_s", contenders=tiny_ours,
+                                       baselines=[RAY, RAW], control=(RAY_AA, RAY))
     tiny_rows = ratio_rows(rates, tiny_block, [RAY, RAW], True, lambda v: f"{v:,.0f}")
-    straggler_block = compare_block(makespans, "makespan_s", [POOL, POOL_UNORDERED, POOL_SED],
-                                    [RAY, RAY_UNORDERED])
+    straggler_block = stats.compare_scalars(
+        makespans, "makespan_s", contenders=[POOL, POOL_UNORDERED, POOL_SED],
+        baselines=[RAY, RAY_UNORDERED], control=(RAY_AA, RAY))
     straggler_rows = ratio_rows(makespans, straggler_block, [RAY, RAY_UNORDERED], False,
                                 lambda v: f"{v:.3f} s")
     bound = lower_bound_s(sizes)
@@ -378,8 +363,8 @@ def run(quick: bool, out_dir: str | Path, repeats: int | None = None) -> dict[st
         for row in table["rows"]:
             say("  " + " · ".join(row))
 
-    pool_tiny = paired(rates[POOL], rates[RAY], True)
-    pool_straggler = paired(makespans[POOL], makespans[RAY], False)
+    pool_tiny = stats.paired(rates[POOL], rates[RAY], True)
+    pool_straggler = stats.paired(makespans[POOL], makespans[RAY], False)
     # Like for like: one call per actor (Ray's pool, ours by default), two per actor (a raw loop
     # with a window of two per actor, mesh map's default window, our pool with two slots).
     heads = [

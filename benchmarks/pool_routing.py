@@ -28,7 +28,7 @@ ratio to the pool as the median and range of the per-repeat ratios.
 from `pause(mode)` to quiet engines with requests in flight, and the time of a weight update
 (idle, and while generating: pause keep, load, resume).
 
-    python -m benchmarks.pool_routing [--quick] [--repeats N] [--out DIR] [--real]
+    python -m benchmarks.pool_routing [--quick] [--repeats N] [--real]
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ import ray
 
 from actormesh.integrations.vllm import EnginePool, FakeEngine, Generation, Piece, SubRequest
 from actormesh.integrations.vllm._requests import check_sampling
+
+from . import stats
 
 ENGINES = 8
 ENGINE_ARGS = {"step_s": 0.003, "step_s_per_seq": 0.0005, "prefill_s_per_token": 0.00005,
@@ -195,16 +197,12 @@ def run_once(pools: tuple[EnginePool, EnginePool], work: Workload,
             "tokens_per_s": result["tokens"] / result["elapsed_s"], "requests": float(len(lat))}
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def run(quick: bool, out_dir: str | Path, repeats: int | None = None) -> dict[str, Any]:
     """The side scenario `python -m benchmarks` calls (see benchmarks/side.py): Ray must be
-    initialised; returns `summary`, `tables` and `headline`, with the raw figures beside."""
+    initialised; returns `summary`, `tables` and `headline`, with the raw figures beside. It
+    writes no files (`out_dir` is the side-scenario contract's)."""
     work = QUICK if quick else FULL
     repeats = repeats or (3 if quick else 5)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
     print(f"pool routing: {ENGINES} FakeEngines, {work.sessions} sessions ({work.concurrent} at "
           f"once), turns and outputs lognormal (median {work.median_turns} turns, up to "
           f"{work.max_turns}; {work.median_output} tokens, up to {work.max_output}; σ "
@@ -233,16 +231,16 @@ def run(quick: bool, out_dir: str | Path, repeats: int | None = None) -> dict[st
 def report(runs: dict[str, list[dict[str, float]]], work: Workload, repeats: int) -> dict[str, Any]:
     def per_repeat(name: str, other: str, key: str) -> dict[str, float]:
         """How many times lower `name`'s `key` is than `other`'s (paired by repeat)."""
-        return _summary([b[key] / a[key] for a, b in zip(runs[name], runs[other])])
+        return stats.spread([b[key] / a[key] for a, b in zip(runs[name], runs[other])])
 
     control = per_repeat(CONTROL, CONTROLLED, "p99_ms")
     rows = []
     for name, samples in runs.items():
-        p99 = _summary([m["p99_ms"] for m in samples])
-        p50 = _summary([m["p50_ms"] for m in samples])
-        per_token = _summary([m["p99_ms_per_token"] for m in samples])
-        hits = _summary([m["hit_rate"] for m in samples])
-        rate = _summary([m["tokens_per_s"] for m in samples])
+        p99 = stats.spread([m["p99_ms"] for m in samples])
+        p50 = stats.spread([m["p50_ms"] for m in samples])
+        per_token = stats.spread([m["p99_ms_per_token"] for m in samples])
+        hits = stats.spread([m["hit_rate"] for m in samples])
+        rate = stats.spread([m["tokens_per_s"] for m in samples])
         vs = "–" if name == BASELINE else (
             "{median:.2f}× ({min:.2f}–{max:.2f})".format(**per_repeat(BASELINE, name, "p99_ms")))
         rows.append([name, f"{p99['median']:.0f} ({p99['min']:.0f}–{p99['max']:.0f})",
@@ -258,7 +256,7 @@ def report(runs: dict[str, list[dict[str, float]]], work: Workload, repeats: int
           f"({control['min']:.2f}–{control['max']:.2f})")
 
     def headline(other: str, key: str, what: str) -> dict[str, Any]:
-        q = per_repeat(BASELINE, other, key) if key != "hit_rate" else _summary(
+        q = per_repeat(BASELINE, other, key) if key != "hit_rate" else stats.spread(
             [a[key] / b[key] if b[key] else math.inf for a, b in zip(runs[BASELINE], runs[other])])
         return {"what": what, "value": q["median"], "median": q["median"], "min": q["min"],
                 "max": q["max"], "control": {"lo": control["min"], "hi": control["max"]}}
@@ -269,8 +267,12 @@ def report(runs: dict[str, list[dict[str, float]]], work: Workload, repeats: int
     random_hits = statistics.median(m["hit_rate"] for m in runs[CONTROLLED])
     return {
         "summary": (
-            f"{ENGINES} FakeEngines (4 ms per step, max 16 sequences, a prefix cache of 4,800 "
-            f"tokens each, 50 µs of prefill per uncached token); {work.sessions} multi-turn "
+            f"{ENGINES} FakeEngines ({ENGINE_ARGS['step_s'] * 1e3:g} ms per step + "
+            f"{ENGINE_ARGS['step_s_per_seq'] * 1e3:g} ms per running sequence, max "
+            f"{ENGINE_ARGS['max_num_seqs']} sequences, a prefix cache of "
+            f"{ENGINE_ARGS['cache_blocks'] * ENGINE_ARGS['block_size']:,} tokens each, "
+            f"{ENGINE_ARGS['prefill_s_per_token'] * 1e6:g} µs of prefill per uncached token); "
+            f"{work.sessions} multi-turn "
             f"sessions, {work.concurrent} at a time, on {work.system_prompts} shared system "
             f"prompts; turns per session and output lengths lognormal (medians "
             f"{work.median_turns} and {work.median_output}, σ {work.sigma}). "
@@ -338,7 +340,7 @@ def run_real(quick: bool, repeats: int | None = None) -> dict[str, Any]:
         pool.wait_ready(timeout=600)
         record("start 2 engines", time.perf_counter() - start)
         asyncio.run(measure(pool))
-    rows = [[key, "{median:.1f} ({min:.1f}–{max:.1f})".format(**_summary(v))]
+    rows = [[key, "{median:.1f} ({min:.1f}–{max:.1f})".format(**stats.spread(v))]
             for key, v in times.items()]
     for row in rows:
         print("  " + " · ".join(row) + " ms")
@@ -363,7 +365,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer sessions and repeats")
     parser.add_argument("--repeats", type=int)
-    parser.add_argument("--out", default="bench-results")
     parser.add_argument("--real", action="store_true",
                         help="pause and weight-update times on two real vLLM engines instead")
     opts = parser.parse_args()
@@ -373,7 +374,7 @@ def main() -> None:
         if opts.real:
             run_real(opts.quick, opts.repeats)
         else:
-            run(opts.quick, opts.out, opts.repeats)
+            run(opts.quick, "bench-results", opts.repeats)
     finally:
         ray.shutdown()
 

@@ -25,11 +25,7 @@ import ray
 import actormesh as am
 from actormesh import _loop
 
-
-class Echo:
-    @am.method
-    def f(self, x: int) -> int:
-        return x
+from .choose_overhead import Echo
 
 
 def hop_latency_us(samples: int) -> list[float]:

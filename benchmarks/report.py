@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import headline, stats
-from .contenders import BASELINES, POLICIES
+from .contenders import POLICIES
 from .sim import paragraph as sim_paragraph
 
-RANDOM = "ray-random"  # the baseline users have today: random choice over the handles
-DEFAULT = "pow2"
+DEFAULT, RANDOM = headline.DEFAULT, headline.RANDOM
 
 
 # -- numbers --------------------------------------------------------------------------------------
@@ -71,15 +70,10 @@ def range_cell(contender: dict[str, Any], key: str) -> str:
     return f"{num(lo)}–{num(hi)}"
 
 
-def by_name(scenario: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["name"]: c for c in scenario["contenders"]}
-
-
 def display(contender: dict[str, Any]) -> str:
     if contender["family"] == "actormesh":
         return f"am {contender['name']}"
-    return {"ray-random": "random.choice", "ray-rr": "raw round robin",
-            "ActorPool": "ActorPool"}.get(contender["name"], contender["name"])
+    return headline.NAMES.get(contender["name"], contender["name"])
 
 
 # -- tables -----------------------------------------------------------------------------------
@@ -195,10 +189,7 @@ def pooled(scenario: dict[str, Any], name: str | None, metric: str) -> str:
     return f"{'≥' if e['censored'] else ''}{num(e['value'])} {unit}"
 
 
-def named(name: str | None) -> str:
-    if name is None:
-        return "–"
-    return display({"name": name, "family": "baseline" if name in BASELINES else "actormesh"})
+named = headline.name
 
 
 def paragraph(scenario: dict[str, Any]) -> str:
@@ -312,17 +303,7 @@ def report_md(results: dict[str, Any]) -> str:
             f"{num(cal['nominal_capacity_per_s'])}).",
             "",
         ]
-    lines += ["## Headline", "", headline.EXPLAIN, ""]
-    header, body = headline.ray_table(headline.ray_rows(results))
-    if body:
-        lines += [markdown_table(header, body), ""]
-    side = headline.side_rows(results)
-    if side:
-        lines += [markdown_table(["side scenario", "ratio [interval]", "A/A control", "verdict"],
-                                 side), ""]
-    other = headline.other_rows(results)
-    if other:
-        lines += [markdown_table(["without Ray", "result", "check"], other), ""]
+    lines += ["## Headline", "", headline.EXPLAIN, "", *headline.tables(results)]
     lines += ["## Contenders", ""]
     for c in results.get("contenders", []):
         lines.append(f"- **{c['display']}** — {c['label']}")

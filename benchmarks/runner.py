@@ -4,9 +4,8 @@ Every contender drives the same `Config.actors` actors, created once and reused 
 (starting an actor costs about half a second here): each native policy routes through its own
 mesh (own scheduler) over those actors, and the baselines call their handles directly. So
 `choose` and raw `.remote()` are compared on the same processes. The other meshes come from
-`ActorMesh.from_actors` over the first mesh's actors (`sibling` builds them from private parts
-when the library has no `from_actors`; if that fails too, each policy gets its own actors and
-the harness says so on the terminal; results.json records why.) Within a repeat every contender plays the same
+`ActorMesh.from_actors` over the first mesh's actors (if that fails, each policy gets its own
+actors and the harness says so on the terminal; results.json records why.) Within a repeat every contender plays the same
 plan (same send times, same service times); the order of contenders rotates between repeats so
 that a slow drift of the machine does not favour whoever runs first. After the repeats, every
 ratio of the scenario gets its bootstrap interval and the A/A control (`benchmarks.stats`).
@@ -51,35 +50,6 @@ def connect(cfg: Config) -> tuple[bool, str]:
     return True, "local (started by the harness)"
 
 
-def sibling(mesh: am.ActorMesh[T], balancer: am.Policy) -> am.ActorMesh[T]:
-    """A mesh over the same actors as `mesh`, routed by its own scheduler with `balancer`.
-
-    actormesh has no public way to do this yet (every ActorMesh starts its own actors), so this
-    builds what `ActorMesh.__init__` builds, minus the actors, from private parts. Callers fall
-    back to one mesh per policy if those parts change.
-    """
-    from actormesh._balancer import AffinityKeys, make_scheduler
-    from actormesh._mesh import _Root
-    from actormesh._router import Router
-
-    root = mesh._root
-    keys = AffinityKeys()
-    scheduler = make_scheduler(mesh.size, balancer, None, keys)
-    router = Router(root.router.handles, root.shape, scheduler,
-                    max_restarts=root.router._max_restarts, on_restart=None)
-    watch = getattr(router, "watch", None)  # the death notice, as ActorMesh.__init__ sets it up
-    if watch is not None:
-        for actor in range(mesh.size):
-            watch(actor)
-    view: am.ActorMesh[T] = object.__new__(type(mesh))
-    view._root = _Root(cls=root.cls, shape=root.shape, router=router, keys=keys, external=False,
-                       placed=None, label=f"{root.label}[{balancer.name}]")
-    view._init_view(root.shape, tuple(range(mesh.size)))
-    if view.actors != mesh.actors or view.size != mesh.size:
-        raise RuntimeError("sibling mesh does not share the actors")
-    return view
-
-
 @dataclasses.dataclass
 class Fleet:
     """The meshes and the contenders built on them."""
@@ -108,15 +78,13 @@ class Fleet:
         why = "not asked to share"
         if share:
             base = new_mesh(policies["pow2"])
-            # The public way when the library has it; else the private parts (sibling).
-            over = getattr(am.ActorMesh, "from_actors", None)
             try:
                 meshes = {p: base if p == "pow2" else
-                          over(base.actors, balancer=policy) if over else sibling(base, policy)
+                          am.ActorMesh.from_actors(base.actors, balancer=policy)
                           for p, policy in policies.items()}
                 shared = True
                 why = ""
-            except Exception as error:  # the private parts changed: one actor set per policy
+            except Exception as error:  # could not share: one actor set per policy
                 meshes = {"pow2": base}
                 why = f"{type(error).__name__}: {error}"
         for p, policy in policies.items():
@@ -265,7 +233,6 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
                 "label": c.label,
                 "family": c.family,
                 "summary": metrics.summarise(per[c.name]),
-                "pooled": {k: v["estimates"].get(c.name) for k, v in comparisons.items()},
                 "runs": per[c.name],
                 "cdf": metrics.cdf(np.concatenate(lat[c.name])) if scenario.kind != "throughput"
                 else {"q": [], "ms": []},

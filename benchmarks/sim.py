@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import PERCENTILES, cdf, pct_key
+from .metrics import PERCENTILES, batch_lower_bound, cdf, pct_key
 from .workloads import Service
 
 SchedulerFactory = Callable[[int, str, int], Any]  # (num_actors, policy, seed) -> scheduler
@@ -87,16 +87,14 @@ def plan(scenario: SimScenario, n_actors: int, calls: int,
 
 
 def simulate(scheduler: Any, arrivals: np.ndarray, service: np.ndarray,
-             slow: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Play the calls through `scheduler`; return each call's end time (simulated seconds) and
-    the actor that served it."""
+             slow: list[float]) -> np.ndarray:
+    """Play the calls through `scheduler`; return each call's end time (simulated seconds)."""
     n_actors = len(slow)
     calls = len(arrivals)
     arr = arrivals.tolist()
     svc = service.tolist()
     end = [0.0] * calls
     sent = [0.0] * calls
-    served_by = [-1] * calls
     running = [-1] * n_actors
     queues: list[deque[int]] = [deque() for _ in range(n_actors)]
     heap: list[tuple[float, int]] = []
@@ -106,7 +104,6 @@ def simulate(scheduler: Any, arrivals: np.ndarray, service: np.ndarray,
 
     def dispatch(call: int, actor: int, now: float) -> None:
         sent[call] = now
-        served_by[call] = actor
         if running[actor] < 0:
             running[actor] = call
             push(heap, (now + svc[call] * slow[actor], actor))
@@ -135,7 +132,7 @@ def simulate(scheduler: Any, arrivals: np.ndarray, service: np.ndarray,
             running[actor] = -1
         for decision in complete(actor, sent[call], now, True):
             dispatch(pending.pop(decision.ticket), decision.actor, now)
-    return np.asarray(end), np.asarray(served_by)
+    return np.asarray(end)
 
 
 def summary(scenario: SimScenario, arrivals: np.ndarray, end: np.ndarray,
@@ -145,8 +142,7 @@ def summary(scenario: SimScenario, arrivals: np.ndarray, end: np.ndarray,
     out: dict[str, Any] = {}
     if scenario.load is None:
         makespan = float(end.max())
-        speeds = 1.0 / np.asarray(slow)
-        bound = max(float(service.sum() / speeds.sum()), float(service.max() / speeds.max()))
+        bound = batch_lower_bound(service, slow)
         out["makespan_over_bound"] = makespan / bound
         out["makespan_units"] = makespan / mean
         lat = (end - arrivals) / mean
@@ -165,7 +161,7 @@ def run_policy(factory: SchedulerFactory, policy: str, scenario: SimScenario, n_
     arrivals, service, slow = plan(scenario, n_actors, calls, seed)
     scheduler = factory(n_actors, policy, seed)
     t = time.perf_counter()
-    end, _ = simulate(scheduler, arrivals, service, slow)
+    end = simulate(scheduler, arrivals, service, slow)
     wall = time.perf_counter() - t
     out = summary(scenario, arrivals, end, slow, service, warmup)
     out["wall_s"] = wall

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -292,3 +293,24 @@ def find(comparison: Mapping[str, Any], contender: str, baseline: str | None) ->
 def control_of(comparison: Mapping[str, Any]) -> Ratio | None:
     c = comparison.get("control")
     return Ratio.from_dict(c) if c else None
+
+
+def compare_scalars(values: Mapping[str, Sequence[float]], metric: str, *,
+                    contenders: Sequence[str], baselines: Sequence[str],
+                    control: tuple[str, str] | None) -> dict[str, Any]:
+    """`compare` for one scalar metric given as one value per repeat (side scenarios)."""
+    samples = {name: [RunSample(np.empty(0), 0, {}, {metric: v}) for v in runs]
+               for name, runs in values.items()}
+    block: dict[str, Any] = compare(samples, [metric], contenders=contenders,
+                                    baselines=baselines, control=control)[metric]
+    return block
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min and max of per-repeat values."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def paired(a: Sequence[float], b: Sequence[float], higher_is_better: bool) -> dict[str, float]:
+    """How many times better a is than b, repeat by repeat: median and range."""
+    return spread([x / y if higher_is_better else y / x for x, y in zip(a, b)])

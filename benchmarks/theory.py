@@ -58,7 +58,7 @@ def replicate(policy: str, load: float, actors: int, span: float, seed: int) -> 
     calls = int(rate * (warmup + span))
     arrivals = np.cumsum(rng.exponential(1.0 / rate, calls))
     service = rng.exponential(1.0, calls)
-    end, _ = simulate(native_factory(actors, policy, seed), arrivals, service, [1.0] * actors)
+    end = simulate(native_factory(actors, policy, seed), arrivals, service, [1.0] * actors)
     measured = arrivals >= warmup
     return float((end[measured] - arrivals[measured]).mean())
 

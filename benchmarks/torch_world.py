@@ -25,15 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import ray
 
 import actormesh as am
 from actormesh.integrations.torch import TorchMesh, link, process_group
+
+from .timing import summary, timed
 
 
 class Process:
@@ -100,26 +101,6 @@ class Holder:
         return self.check()
 
 
-def timed(fns: Sequence[Callable[[], object]], repeats: int, label: str,
-          warmup: int = 1) -> list[list[float]]:
-    """Seconds per run of each of `fns`, run in turn (so drift in the machine hits all alike)."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for repeat in range(repeats):
-        for fn, runs in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            runs.append(time.perf_counter() - start)
-        print(f"  {label}: {repeat + 1}/{repeats}", flush=True)
-    return times
-
-
-def summary(times: Sequence[float]) -> dict[str, float]:
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
-
-
 def startup(shape: dict[str, int], repeats: int) -> dict[str, Any]:
     """Seconds from constructing the mesh until every actor is ready, torch and plain mesh, and
     the difference of each pair of runs (run back to back, so they share the machine's mood)."""
@@ -131,7 +112,7 @@ def startup(shape: dict[str, int], repeats: int) -> dict[str, Any]:
         with am.ActorMesh(Process, shape, num_cpus=0.5) as mesh:
             mesh.wait_ready(timeout=300)
 
-    torch_times, plain_times = timed([torch_mesh, plain_mesh], repeats, f"start-up {shape}")
+    torch_times, plain_times = timed([torch_mesh, plain_mesh], repeats, what=f"start-up {shape}")
     return {"torch_mesh": summary(torch_times), "actor_mesh": summary(plain_times),
             "difference": summary([t - p for t, p in zip(torch_times, plain_times)])}
 
@@ -180,7 +161,7 @@ def forming(shape: dict[str, int], rounds: int) -> dict[str, dict[str, float]]:
             formed.close()
 
         times: dict[str, list[float]] = {"world": [], "link": []}
-        timed([world, group], rounds, f"forming over {shape}")
+        timed([world, group], rounds, what=f"forming over {shape}")
         # The warm-up round is in the lists too: drop it.
         return {name: summary(runs[1:]) for name, runs in times.items()}
 
