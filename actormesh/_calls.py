@@ -141,7 +141,7 @@ class Router:
         self.scheduler = scheduler
         self.failures = Failures(
             scheduler, [_name(p) for p in self.points], restart_timeout_s=restart_timeout_s,
-            dispatch=self._send_decisions, fail=self._fail_decisions,
+            send_drained=self.send_drained, fail=self._fail_decisions,
         )
         # A Python Balancer must not run on Ray's completion thread: with one, a completion
         # leaves the queue to a drain on the loop thread.
@@ -218,15 +218,17 @@ class Router:
             self._send(decision.actor, decision.payload)
 
     def _give_back(self, actor: int) -> None:
-        try:
-            drained = self.scheduler.release(actor, self._drain_inline)
-        except _native.PickerError as err:
-            drained = self._picker_failed(err)
-        self._hand_on(drained, actor)
+        # Drains inline only without a Python Balancer: the built-in policies never raise.
+        self._hand_on(self.scheduler.release(actor, self._drain_inline), actor)
 
     def _drain(self, actor: int) -> None:
+        self.send_drained(self.scheduler.drain, actor)
+
+    def send_drained(self, take: Callable[[int], list[_native.Decision]], actor: int) -> None:
+        """Send the queued calls `take(actor)` gives a slot (loop thread); a Python Balancer
+        that raises fails the calls it could not place, and none is lost."""
         try:
-            drained = self.scheduler.drain(actor)
+            drained = take(actor)
         except _native.PickerError as err:
             drained = self._picker_failed(err)
         self._send_decisions(drained)
@@ -242,7 +244,7 @@ class Router:
                     return
                 self._outbox_posted = True
             _loop.post(self._send_outbox)
-        elif not self._drain_inline:
+        elif not self._drain_inline and self.scheduler.queued():
             _loop.post(self._drain, actor)
 
     def _send_outbox(self) -> None:

@@ -35,8 +35,8 @@ _ALIVE, _RESTARTING, _DEAD = "alive", "restarting", "dead"
 _CALLABLE_POLL_S = 0.005
 _CALLABLE_POLLS = 2000  # 10 s: then the hook and the calls go ahead, and fail if they must
 
-Dispatch = Callable[[Sequence[_native.Decision]], None]
-"""Sends the queued calls a scheduler has just given a slot (the router's)."""
+SendDrained = Callable[[Callable[[int], list[_native.Decision]], int], None]
+"""`send_drained(take, actor)` sends the queued calls `take(actor)` gives a slot (the router's)."""
 FailQueued = Callable[[Sequence[_native.Decision], BaseException], None]
 """Fails queued calls that can never run (the router's)."""
 
@@ -45,13 +45,13 @@ class Failures:
     """Deaths and restarts of the actors of one mesh (shared by its views)."""
 
     def __init__(self, scheduler: _native.Scheduler, names: Sequence[str], *,
-                 restart_timeout_s: float, dispatch: Dispatch, fail: FailQueued) -> None:
+                 restart_timeout_s: float, send_drained: SendDrained, fail: FailQueued) -> None:
         self._scheduler = scheduler
         self._names = list(names)  # "rank 1 (dp=0,tp=1)", for messages
         self._restart_timeout_s = restart_timeout_s
         # Runs (on the user thread) when an actor is back, before `choose` uses it again.
         self.on_restart: Callable[[int], object] | None = None
-        self._dispatch = dispatch
+        self._send_drained = send_drained
         self._fail = fail
         count = len(self._names)
         self.epochs = [0] * count  # the newest incarnation seen; read by the router per call
@@ -160,12 +160,7 @@ class Failures:
         self._cancel_timer(actor)
         self._status[actor] = _ALIVE
         self._routed[actor] = epoch
-        try:
-            drained = self._scheduler.mark_alive(actor)
-        except _native.PickerError as err:  # a Python Balancer failed on queued calls
-            self._fail(err.failed, err.__cause__ or err)
-            drained = err.dispatched
-        self._dispatch(drained)
+        self._send_drained(self._scheduler.mark_alive, actor)
 
     def _cancel_timer(self, actor: int) -> None:
         timer, self._timers[actor] = self._timers[actor], None

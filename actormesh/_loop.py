@@ -30,7 +30,6 @@ T = TypeVar("T")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
-_loop_thread: threading.Thread | None = None
 _user_queue: queue.SimpleQueue[tuple[str, Callable[..., object], tuple[Any, ...]]] = (
     queue.SimpleQueue()
 )
@@ -39,16 +38,15 @@ _user_thread: threading.Thread | None = None
 
 def loop() -> asyncio.AbstractEventLoop:
     """The library's event loop, started on first use."""
-    global _loop, _loop_thread
+    global _loop
     if _loop is not None:
         return _loop
     with _lock:
         if _loop is None:
             new = asyncio.new_event_loop()
-            _loop_thread = threading.Thread(
+            threading.Thread(
                 target=_run_loop, args=(new,), name="actormesh-loop", daemon=True
-            )
-            _loop_thread.start()
+            ).start()
             _loop = new
     return _loop
 
@@ -61,10 +59,6 @@ def _run_loop(new: asyncio.AbstractEventLoop) -> None:
 
 def _loop_exception(_: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     log.error("actormesh loop: %s", context.get("message"), exc_info=context.get("exception"))
-
-
-def on_loop_thread() -> bool:
-    return threading.current_thread() is _loop_thread
 
 
 def post(fn: Callable[..., object], *args: Any) -> None:

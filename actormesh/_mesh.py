@@ -11,11 +11,11 @@ from typing import Any, Concatenate, Generic, TypeVar, cast, overload
 
 import ray
 from ray.actor import ActorHandle
-from typing_extensions import ParamSpec
+from typing_extensions import ParamSpec, Self
 
-from . import _loop, _ray
+from . import _loop, _native, _ray
 from ._actor import RUN, Identity, check_init_args, method_def, remote_class
-from ._balancer import ActorLoad, Balancer, BalancerSpec, make_scheduler
+from ._balancer import ActorLoad, BalancerSpec, make_scheduler
 from ._calls import Router
 from ._failures import ActorStates
 from ._future import MeshFuture, ValueMesh
@@ -142,11 +142,9 @@ class ActorMesh(Selectable, Generic[T]):
                 placed.release()
             raise
 
-        self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full, Router(
-            handles, [Point(r, full) for r in range(full.size)], scheduler,
-            defer_drain=isinstance(balancer, Balancer), restart_timeout_s=restart_timeout_s,
-        ), label, RUN), handles, placed, on_restart,
-            owned=True)
+        self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full,
+                             _router(handles, full, scheduler, restart_timeout_s), label, RUN),
+                       handles, placed, on_restart, owned=True)
 
     @classmethod
     def from_actors(
@@ -182,12 +180,10 @@ class ActorMesh(Selectable, Generic[T]):
         scheduler = make_scheduler(full.size, balancer, max_in_flight)
         class_name = _ray.class_name(handles[0])
         ActorStates.get().start()
-        router = Router(handles, [Point(r, full) for r in range(full.size)], scheduler,
-                        defer_drain=isinstance(balancer, Balancer),
-                        restart_timeout_s=restart_timeout_s)
         mesh: ActorMesh[T] = object.__new__(ActorMesh)
         mesh._assemble(_Root(None, class_name, frozenset(_ray.method_names(handles[0])), full,
-                             router, name or class_name,
+                             _router(handles, full, scheduler, restart_timeout_s),
+                             name or class_name,
                              "__ray_call__"), handles, None, None, owned=False)
         return mesh
 
@@ -317,11 +313,19 @@ class ActorMesh(Selectable, Generic[T]):
         if detached is not None:
             _shut(*detached[2])
 
-    def __enter__(self) -> ActorMesh[T]:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _router(handles: list[Any], full: Shape, scheduler: _native.Scheduler,
+            restart_timeout_s: float) -> Router:
+    """The router of a mesh's actors; a Python Balancer (the `external` policy) drains its
+    queue on the loop thread, never on Ray's."""
+    return Router(handles, [Point(r, full) for r in range(full.size)], scheduler,
+                  defer_drain=scheduler.policy == "external", restart_timeout_s=restart_timeout_s)
 
 
 def _run_restart_hook(root_ref: weakref.ref[_Root], hook: Callable[[ActorMesh[Any]], object],

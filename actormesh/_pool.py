@@ -394,7 +394,8 @@ class ActorPool(Generic[T]):
         `has_free()` is False or every actor has a call."""
         with self._lock:
             gen = self._gen
-            if gen is None or self._unrouted or not gen.free():
+            # An idle live actor has a free slot: only waiting submissions make it unavailable.
+            if gen is None or self._unrouted or gen.scheduler.queued():
                 return None
             in_flight, status = gen.scheduler.in_flight(), gen.scheduler.status()
             idle = [i for i, (n, s) in enumerate(zip(in_flight, status)) if s == "alive" and not n]
@@ -413,11 +414,13 @@ class ActorPool(Generic[T]):
         if not isinstance(actor, ActorHandle):
             raise TypeError(f"push takes a Ray actor handle, got {actor!r}")
         gen = self._gen
-        members = gen.handles if gen is not None else []
-        if _ray.actor_id(actor) in (gen.index if gen is not None else {}):
+        if gen is None:
+            self._switch([actor])
+            return
+        if _ray.actor_id(actor) in gen.index:
             raise ValueError("Actor already belongs to current ActorPool")
-        status = gen.scheduler.status() if gen is not None else []
-        self._switch([h for h, s in zip(members, status) if s != "dead"] + [actor])
+        status = gen.scheduler.status()
+        self._switch([h for h, s in zip(gen.handles, status) if s != "dead"] + [actor])
 
     def _switch(self, handles: list[ActorHandle[Any]]) -> None:
         """Make `handles` the pool's actors: a new generation takes over the routing."""

@@ -3,8 +3,9 @@
 - `outcome(ref)`: how a finished call ended (a value, a raise in the method, the actor gone),
   read from the object's metadata without deserialising it, so that Ray's completion thread
   pays ~2 µs per call instead of a deserialisation.
-- `ActorStates`: Ray's GCS actor channel, which publishes every change of every actor's state
-  (alive, restarting with its restart count, dead) within milliseconds. It is how a mesh sees an
+- `subscribe` / `actor_state`: Ray's GCS actor channel (followed by `_failures.ActorStates`),
+  which publishes every change of every actor's state (alive, restarting with its restart
+  count, dead) within milliseconds. It is how a mesh sees an
   idle actor die or come back without keeping a call pending on it (which would need a
   concurrency group, and that moves a synchronous actor's methods off its `__init__` thread).
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -62,8 +62,6 @@ ALIVE = 2
 RESTARTING = 3
 DEAD = 4
 
-StateListener = Callable[[bytes, int, int, str], None]
-"""`listener(actor_id, state, num_restarts, reason)`, called on the library's loop thread."""
 
 
 def gcs_address() -> str | None:

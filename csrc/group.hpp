@@ -30,8 +30,8 @@ struct Group {
   // drain it defers (a Python picker must not run on the thread that completes calls).
   std::list<QueuedCall> queue;
   std::unique_ptr<Policy> policy;
-  uint32_t users = 0;    // add_group calls not yet matched by remove_group
-  bool retired = false;  // removed while calls still waited in its queue: gone once it is empty
+  uint32_t users = 0;  // add_group calls not yet matched by remove_group; at 0 with calls
+                       // queued, it stays (for them) until its queue is empty
 };
 
 // Where an actor sits in one group it belongs to.

@@ -60,15 +60,17 @@ class LoadTable {
     }
   }
 
-  void count_ejection(uint32_t actor) {
-    ++actors_[actor].ejections;
-    actors_[actor].failures_in_a_row = 0;
+  // Passed over until `until_s`; one more ejection counts towards the next, longer one.
+  void eject(uint32_t actor, double until_s) {
+    ActorLoad& a = actors_[actor];
+    a.ejected = true;
+    a.ejected_until = until_s;
+    ++a.ejections;
+    a.failures_in_a_row = 0;
   }
 
-  void set_ejected(uint32_t actor, bool ejected, double until_s) {
-    actors_[actor].ejected = ejected;
-    actors_[actor].ejected_until = until_s;
-  }
+  // Its ejection is over (the count of ejections stays until a success resets it).
+  void readmit(uint32_t actor) { actors_[actor].ejected = false; }
   void increment(uint32_t actor) { ++actors_[actor].in_flight; }
   void decrement(uint32_t actor) { --actors_[actor].in_flight; }
 

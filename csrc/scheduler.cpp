@@ -95,8 +95,9 @@ uint32_t Scheduler::check_actor(int64_t actor) const {
 }
 
 uint32_t Scheduler::check_group(int64_t group) const {
+  // A freed group is Group{}; one removed with calls still queued keeps its members until then.
   if (group < 0 || static_cast<uint64_t>(group) >= groups_.size() ||
-      groups_[static_cast<size_t>(group)].users == 0) {
+      groups_[static_cast<size_t>(group)].members.empty()) {
     throw std::out_of_range("group " + std::to_string(group) + " unknown (" +
                             std::to_string(groups_.size() - free_ids_.size()) +
                             " groups registered)");
@@ -126,7 +127,6 @@ uint32_t Scheduler::add_group(const std::vector<int64_t>& members) {
   if (const auto known = group_ids_.find(sorted); known != group_ids_.end()) {
     Group& g = groups_[known->second];
     ++g.users;
-    g.retired = false;
     return known->second;
   }
 
@@ -166,18 +166,14 @@ void Scheduler::remove_group(int64_t group) {
   const uint32_t id = check_group(group);
   if (id == 0) throw std::invalid_argument("group 0 (every actor) cannot be removed");
   Group& g = groups_[id];
-  if (--g.users > 0) return;
-  if (g.queue.empty()) {
-    free_group(id);
-  } else {
-    g.retired = true;  // its queued calls still need its members; freed once they are gone
-    ++g.users;         // kept registered (and valid) until then
-  }
+  if (g.users == 0) return;  // removed already; kept only for the calls still in its queue
+  // Calls still queued need its members: then it goes when the last of them leaves the queue.
+  if (--g.users == 0 && g.queue.empty()) free_group(id);
 }
 
-void Scheduler::free_if_retired(uint32_t group) {
-  Group& g = groups_[group];
-  if (g.retired && g.queue.empty()) free_group(group);
+void Scheduler::free_if_unused(uint32_t group) {
+  const Group& g = groups_[group];
+  if (g.users == 0 && g.queue.empty() && !g.members.empty()) free_group(group);
 }
 
 // Drops a group: its members forget it, its id is reused. A group nobody uses costs nothing.
@@ -337,12 +333,12 @@ Drain Scheduler::drain_locked(uint32_t actor) {
       // nothing polls, and no later event may come. So it leaves the queue as failed.
       if (!out.error) out.error = std::current_exception();
       out.failed.push_back({call.ticket, -1, call.payload});
-      free_if_retired(best);
+      free_if_unused(best);
       continue;
     }
     dispatch(chosen);
     out.dispatched.push_back({call.ticket, static_cast<int32_t>(chosen), call.payload});
-    free_if_retired(best);
+    free_if_unused(best);
   }
   return out;
 }
@@ -363,8 +359,7 @@ void Scheduler::eject_if_due(uint32_t actor, double now_s) {
   const double backoff = std::ldexp(config_.eject_base_s, static_cast<int>(std::min(load.ejections, 30u)));
   const double until = now_s + std::min(backoff, config_.eject_max_s);
   const Standing before = standing(actor);
-  loads_.set_ejected(actor, true, until);
-  loads_.count_ejection(actor);
+  loads_.eject(actor, until);
   changed(actor, before);
   ejected_.push_back(actor);
   next_readmission_s_ = std::min(next_readmission_s_, until);
@@ -380,7 +375,7 @@ void Scheduler::end_ejections(double now_s) {
     if (!load.ejected) continue;  // re-admitted by a restart
     if (load.ejected_until <= now_s) {
       const Standing before = standing(actor);
-      loads_.set_ejected(actor, false, 0.0);
+      loads_.readmit(actor);
       changed(actor, before);
     } else {
       still.push_back(actor);
@@ -437,7 +432,7 @@ std::optional<uint64_t> Scheduler::cancel(uint64_t ticket) {
   const uint32_t group = it->second.group;
   groups_[group].queue.erase(it->second.call);
   queued_.erase(it);
-  free_if_retired(group);
+  free_if_unused(group);
   return payload;
 }
 
@@ -460,7 +455,7 @@ std::vector<Decision> Scheduler::mark_dead(int64_t actor, bool restarting) {
       queued_.erase(call.ticket);
     }
     g.queue.clear();
-    if (g.retired) emptied.push_back(m.group);
+    if (g.users == 0) emptied.push_back(m.group);  // removed, kept for this queue
   }
   for (const uint32_t group : emptied) free_group(group);  // after the loop over memberships
   std::sort(orphaned.begin(), orphaned.end(),
@@ -473,8 +468,7 @@ Drain Scheduler::mark_alive(int64_t actor) {
   const uint32_t a = check_actor(actor);
   if (loads_[a].alive()) return {};
   const Standing before = standing(a);
-  loads_.set_status(a, Status::alive);
-  loads_.set_ejected(a, false, 0.0);
+  loads_.set_status(a, Status::alive);  // a new process: not ejected, no failures counted
   changed(a, before);
   return drain_locked(a);
 }
@@ -486,7 +480,7 @@ std::vector<Decision> Scheduler::take_queued() {
     Group& g = groups_[group];
     for (const QueuedCall& call : g.queue) out.push_back({call.ticket, -1, call.payload});
     g.queue.clear();
-    free_if_retired(group);
+    free_if_unused(group);
   }
   queued_.clear();
   std::sort(out.begin(), out.end(),

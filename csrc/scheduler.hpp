@@ -145,7 +145,7 @@ class Scheduler {
   bool sticks(uint32_t group, uint32_t actor) const;
   Drain drain_locked(uint32_t actor);
   void free_group(uint32_t group);
-  void free_if_retired(uint32_t group);
+  void free_if_unused(uint32_t group);
   void eject_if_due(uint32_t actor, double now_s);
   void end_ejections(double now_s);
 

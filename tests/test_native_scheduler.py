@@ -964,6 +964,21 @@ def test_a_group_removed_with_calls_waiting_keeps_serving_them_then_goes() -> No
     assert s.num_groups() == 1
 
 
+def test_a_group_added_again_while_its_queue_drains_goes_after_its_last_removal() -> None:
+    s = Scheduler(3, max_in_flight=1)
+    pair = s.add_group([0, 1])
+    dispatch(s, pair)
+    dispatch(s, pair)
+    s.submit(pair, payload=Payload("waiting"))
+    s.remove_group(pair)
+    assert s.add_group([0, 1]) == pair  # the view comes back before its queue is empty
+    s.remove_group(pair)
+    s.complete(0, 0.0, 1.0, True)
+    s.complete(1, 0.0, 1.0, True)
+    s.complete(0, 0.0, 1.0, True)
+    assert s.num_groups() == 1
+
+
 def test_group_zero_stays() -> None:
     with pytest.raises(ValueError, match="group 0"):
         Scheduler(2).remove_group(0)
