@@ -29,11 +29,16 @@ class Placement:
             raise ValueError(f"placement strategy {self.strategy!r}: unknown")
 
     @property
-    def bundle_count(self) -> int:
+    def bundle_specs(self) -> Sequence[Mapping[str, float]]:
+        """The bundles: those given, or those of the placement group."""
         if self.bundles is not None:
-            return len(self.bundles)
+            return self.bundles
         assert self.placement_group is not None
-        return len(self.placement_group.bundle_specs)
+        return self.placement_group.bundle_specs
+
+    @property
+    def bundle_count(self) -> int:
+        return len(self.bundle_specs)
 
     def check(self, size: int) -> None:
         """Raise before anything starts if the bundles cannot hold one actor per rank."""

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 import actormesh as am
+from actormesh._actor import check_init_args
 from actormesh._balancer import BalancerSpec
 
 
@@ -28,3 +29,12 @@ class MeshOptions(ActorOptions, total=False):
     args: Sequence[Any]
     kwargs: Mapping[str, Any] | None
     balancer: BalancerSpec
+
+
+def user_args(actor_cls: type, mesh_options: MeshOptions) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The user's constructor arguments (checked against `actor_cls`, before anything starts) and
+    the other options: a mesh that puts its own arguments ahead of the user's passes these on."""
+    options: dict[str, Any] = dict(mesh_options)
+    args = tuple(options.pop("args", ()))
+    check_init_args(actor_cls, args, dict(options.get("kwargs") or {}))
+    return args, options

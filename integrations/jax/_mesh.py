@@ -19,10 +19,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from typing_extensions import Unpack
 
 import actormesh as am
-from actormesh._actor import check_init_args, with_setup
+from actormesh._actor import with_setup
 from actormesh._placement import Strategy, _rank_order
 
-from .._options import MeshOptions
+from .._checks import check_optional_int
+from .._options import MeshOptions, user_args
 from ._coordinator import PORT_ENV, Arrival, check_port_free, port_override, start_rendezvous
 
 T = TypeVar("T")
@@ -160,11 +161,7 @@ class JaxMesh(am.ActorMesh[T]):
             raise TypeError(f"num_processes={num_processes!r}: must be an int")
         if num_processes < 1:
             raise ValueError(f"num_processes={num_processes}: must be >= 1")
-        if local_device_count is not None and (
-            isinstance(local_device_count, bool) or not isinstance(local_device_count, int)
-            or local_device_count < 1
-        ):
-            raise ValueError(f"local_device_count={local_device_count!r}: must be an int >= 1")
+        local_device_count = check_optional_int("local_device_count", local_device_count, 1)
         if isinstance(init_timeout_s, bool) or not isinstance(init_timeout_s, int) \
                 or init_timeout_s < 1:
             raise ValueError(f"init_timeout_s={init_timeout_s!r}: must be an int >= 1 (seconds)")
@@ -174,12 +171,9 @@ class JaxMesh(am.ActorMesh[T]):
                     f"JaxMesh does not take {option}=: the shape is {{'process': num_processes}} "
                     "and jax.distributed cannot re-admit a restarted process"
                 )
-        check_init_args(actor_cls, tuple(mesh_options.get("args", ())),
-                        dict(mesh_options.get("kwargs") or {}))
+        args, options = user_args(actor_cls, mesh_options)
         override = port_override()
-        options: dict[str, Any] = dict(mesh_options)
         placement = options.pop("placement", None)
-        user_args = tuple(options.pop("args", ()))
         group, owned = _placement_group(num_processes, bundles, strategy, placement, options)
 
         rendezvous: Any = None
@@ -192,7 +186,7 @@ class JaxMesh(am.ActorMesh[T]):
             super().__init__(
                 with_setup(actor_cls, join),
                 {DIM: num_processes},
-                args=(setup, *user_args),
+                args=(setup, *args),
                 placement=am.Placement(placement_group=group),
                 **options,
             )
@@ -222,9 +216,6 @@ class JaxMesh(am.ActorMesh[T]):
         super().shutdown()
         _release(self._jax_setup.rendezvous, self._jax_group if self._jax_owns_group else None)
         self._jax_owns_group = False
-
-    def __enter__(self) -> JaxMesh[T]:
-        return self
 
     def __repr__(self) -> str:
         return f"JaxMesh({self._root.label}, num_processes={self.size})"

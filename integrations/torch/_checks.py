@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 
 import ray
 
 import actormesh as am
 
+from .._checks import seconds as seconds  # the mesh and link check their timeouts here
+
 BACKENDS = ("gloo", "nccl")
 
 _cluster_resources: Callable[[], Mapping[str, float]] = ray.cluster_resources
-
-
-def seconds(label: str, value: float) -> float:
-    """`value` as seconds, or a ValueError naming `label` if it is not a finite number > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{label}={value!r}: must be a finite number of seconds > 0")
-    return float(value)
 
 
 def backend(value: str | None, actors_have_gpus: bool) -> str:
@@ -48,8 +41,5 @@ def placement_has_gpus(placement: am.Placement | None) -> bool:
     """Whether every bundle of `placement` holds a GPU (so every actor placed in it gets one)."""
     if placement is None:
         return False
-    bundles: list[Mapping[str, float]] = (
-        list(placement.bundles) if placement.bundles is not None
-        else list(placement.placement_group.bundle_specs) if placement.placement_group else []
-    )
+    bundles = placement.bundle_specs
     return bool(bundles) and all(b.get("GPU", 0) > 0 for b in bundles)

@@ -43,10 +43,9 @@ class WorldGroups:
 
 @dataclasses.dataclass(frozen=True)
 class LinkGroup:
-    """A formed link: its group, the formation it belongs to, the store its rank 0 hosts."""
+    """A formed link: its group and the store its rank 0 hosts."""
 
     group: ProcessGroup
-    version: str
     store: Store
 
 

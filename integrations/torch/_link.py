@@ -102,7 +102,7 @@ def join_link(_instance: object, spec: LinkSpec) -> int:
     group = _c10d.link_group(f"actormesh.link.{spec.name}.{spec.version}", rank,
                              len(spec.members), spec.backend, store, spec.timeout_s, rank_map)
     with _groups.lock:
-        _groups.links[spec.name] = _groups.LinkGroup(group, spec.version, store)
+        _groups.links[spec.name] = _groups.LinkGroup(group, store)
     return rank
 
 
@@ -130,11 +130,9 @@ def links_of(actor_id: str) -> list[Link]:
 def forget_actors(actor_ids: Sequence[str]) -> None:
     """The actors are gone for good (their mesh shut down): their links cannot form again."""
     with _registry_lock:
-        for actor_id in actor_ids:
-            for dropped in _by_actor.pop(actor_id, []):
-                dropped._closed = True
-        for actor_id in list(_by_actor):
-            _by_actor[actor_id] = [lk for lk in _by_actor[actor_id] if not lk._closed]
+        dropped = dict.fromkeys(lk for actor_id in actor_ids for lk in _by_actor.pop(actor_id, []))
+    for lk in dropped:  # forget_link takes the lock itself (it is not re-entrant)
+        forget_link(lk)
 
 
 def actor_id(handle: Any) -> str:

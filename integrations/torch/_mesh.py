@@ -21,10 +21,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from typing_extensions import Unpack
 
 import actormesh as am
-from actormesh._actor import check_init_args, with_setup
+from actormesh._actor import with_setup
 from actormesh._shape import ShapeLike
 
-from .._options import MeshOptions
+from .._options import MeshOptions, user_args
 from . import _checks, _link
 from ._rendezvous import Rendezvous
 from ._world import WorldSetup, invite, join
@@ -73,8 +73,7 @@ class TorchMesh(am.ActorMesh[T]):
         gpus = bool(mesh_options.get("num_gpus")) or _checks.placement_has_gpus(
             mesh_options.get("placement"))
         chosen = _checks.backend(backend, gpus)
-        check_init_args(actor_cls, tuple(mesh_options.get("args", ())),
-                        dict(mesh_options.get("kwargs") or {}))
+        args, options = user_args(actor_cls, mesh_options)
         if not ray.is_initialized():
             ray.init()  # as ActorMesh does on a first call, honouring RAY_ADDRESS
         context = ray.get_runtime_context()
@@ -84,11 +83,9 @@ class TorchMesh(am.ActorMesh[T]):
             name=setup.world_id, num_cpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(context.get_node_id(), soft=True),
         ).remote(full.size, join_timeout_s)
-        options: dict[str, Any] = dict(mesh_options)
-        user_args = tuple(options.pop("args", ()))
         hook = _restart_hook(setup, rendezvous, on_restart) if max_restarts != 0 else on_restart
         try:
-            super().__init__(with_setup(actor_cls, join), full, args=(setup, *user_args),
+            super().__init__(with_setup(actor_cls, join), full, args=(setup, *args),
                              max_restarts=max_restarts, on_restart=hook, **options)
         except BaseException:
             _kill(rendezvous)
@@ -115,9 +112,6 @@ class TorchMesh(am.ActorMesh[T]):
             _link.forget_actors([_link.actor_id(h) for h in self.actors])
         super().shutdown()
         self._torch_release()
-
-    def __enter__(self) -> TorchMesh[T]:
-        return self
 
     def __repr__(self) -> str:
         return f"TorchMesh({self._root.label}, {self.shape}, backend={self.backend!r})"

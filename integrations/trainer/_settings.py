@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
+from .._checks import check_int, check_optional_int, check_timeout
 from ._ledger import Counters
+
+__all__ = ["Settings", "check_callable", "check_int", "check_optional_int", "check_timeout"]
 
 G = TypeVar("G")
 
@@ -25,27 +27,6 @@ class Settings(Generic[G]):
     rollout_timeout_s: float | None
     rollout_retries: int
     on_transition: Callable[[Counters], None] | None
-
-
-def check_int(name: str, value: object, minimum: int) -> int:
-    """`value` if it is an int (not a bool) >= minimum, else a `ValueError` naming it."""
-    if type(value) is not int or value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an int >= {minimum}")
-    return value
-
-
-def check_optional_int(name: str, value: object, minimum: int) -> int | None:
-    return None if value is None else check_int(name, value, minimum)
-
-
-def check_timeout(name: str, value: object) -> float | None:
-    """`None`, or a finite number of seconds > 0."""
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value <= 0):
-        raise ValueError(f"{name}={value!r}: must be None or a finite number of seconds > 0")
-    return float(value)
 
 
 def check_callable(name: str, value: object, *, optional: bool = False) -> None:

@@ -103,20 +103,14 @@ class VllmEngine(Engine):
 
         args: dict[str, Any] = {**DEFAULT_ENGINE_ARGS, **engine_args,
                                 "worker_extension_cls": EXTENSION}
-        self._rank = am.current_rank().rank
         self._counts = _SchedulerCounts()
         # Only the pool's stat logger runs (vLLM's own would log throughput every few seconds).
         self._llm: Any = AsyncLLM.from_engine_args(
             AsyncEngineArgs(model=model, disable_log_stats=True, **args),
             stat_loggers=[self._counts.factory],
         )
-        self._version = 0
-        self._paused: PauseMode | None = None
-        self._cutting = False  # paused with "abort": every sequence ends at once
         self._live = 0
-        self._quiet = asyncio.Event()
-        self._quiet.set()
-        self._start_gate()
+        self._start_engine(am.current_rank().rank)
 
     # -- generation -------------------------------------------------------------------------
     @am.method
@@ -132,9 +126,9 @@ class VllmEngine(Engine):
     async def _one(self, request: SubRequest, params: Any) -> Piece:
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        await self._restored()
-        if self._cutting:
-            return Piece([], [], [], "abort", self._rank)
+        cut = await self._admit()
+        if cut is not None:
+            return cut
         self._live += 1
         self._quiet.clear()
         queue: Any = None
@@ -190,12 +184,11 @@ class VllmEngine(Engine):
             await self._llm.pause_generation(mode="keep", clear_cache=False)
         else:
             await self._llm.pause_generation(mode="keep", clear_cache=False)
-        self._paused = "abort" if self._cutting else mode
+        self._now_paused(mode)
 
     @am.method
     async def resume(self) -> None:
-        self._cutting = False
-        self._paused = None
+        self._now_resumed()
         await self._llm.resume_generation()
 
     # -- state ------------------------------------------------------------------------------

@@ -22,11 +22,10 @@ import concurrent.futures as cf
 import dataclasses
 import itertools
 import logging
-import math
 import os
 import threading
 from collections.abc import Callable, Coroutine, Generator, Hashable, Mapping
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, ParamSpec, TypedDict, TypeVar
 
 import ray
 from typing_extensions import Unpack
@@ -34,6 +33,7 @@ from typing_extensions import Unpack
 import actormesh as am
 from actormesh._balancer import BalancerSpec
 
+from .._checks import check_int, check_optional_int, seconds
 from .._options import ActorOptions
 from . import _weights
 from ._protocol import PAUSE_MODES, Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
@@ -42,6 +42,7 @@ from ._requests import Generation, Sequence, check_prompt, check_sampling, group
 log = logging.getLogger("actormesh.vllm")
 
 R = TypeVar("R")
+P = ParamSpec("P")
 
 DIM = "engine"
 """The one dim of a pool's mesh."""
@@ -131,8 +132,7 @@ class EnginePool:
         if not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model={model!r}: must be a path or a model name")
         model = os.fspath(model)
-        if isinstance(num_engines, bool) or not isinstance(num_engines, int) or num_engines < 1:
-            raise ValueError(f"num_engines={num_engines!r}: must be an int >= 1")
+        num_engines = check_int("num_engines", num_engines, 1)
         if engine_args is not None and not isinstance(engine_args, Mapping):
             raise TypeError(f"engine_args={engine_args!r}: must be a mapping")
         args = dict(engine_args or {})
@@ -142,10 +142,8 @@ class EnginePool:
             engine_cls = VllmEngine
         if not (isinstance(engine_cls, type) and issubclass(engine_cls, Engine)):
             raise TypeError(f"engine_cls={engine_cls!r}: must be a subclass of Engine")
-        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
-            raise ValueError(f"timeout_s={timeout_s!r}: must be a finite number > 0")
-        if isinstance(max_failovers, bool) or not isinstance(max_failovers, int) or max_failovers < 0:
-            raise ValueError(f"max_failovers={max_failovers!r}: must be an int >= 0")
+        timeout_s = seconds("timeout_s", timeout_s)
+        max_failovers = check_int("max_failovers", max_failovers, 0)
         for key in ("args", "kwargs", "on_restart", "shape"):
             if key in mesh_options:
                 raise TypeError(f"EnginePool sets {key!r} of its mesh itself")
@@ -154,7 +152,7 @@ class EnginePool:
 
         self.model = model
         self.weight_version = 0
-        self._timeout_s = float(timeout_s)
+        self._timeout_s = timeout_s
         self._max_failovers = max_failovers
         self._closed = False
         self._loop = asyncio.new_event_loop()
@@ -222,8 +220,7 @@ class EnginePool:
     ) -> PoolFuture[list[Generation]]:
         """`n` samples of one prompt on one engine (they share the prompt's prefix cache); with
         a `seed`, sample i uses seed + i."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n={n!r}: must be an int >= 1")
+        n = check_int("n", n, 1)
         samples = group(check_prompt(prompt_token_ids), check_sampling(sampling), n)
 
         async def run() -> list[Generation]:
@@ -304,23 +301,11 @@ class EnginePool:
         """
         if mode not in PAUSE_MODES:
             raise ValueError(f"mode={mode!r}: must be one of {PAUSE_MODES}")
-        limit = self._limit(timeout)
-
-        async def run() -> None:
-            async with self._control:
-                await self._pause(mode, limit)
-
-        return self._submit(run(), f"pause({mode})")
+        return self._controlled(f"pause({mode})", self._pause, mode, self._limit(timeout))
 
     def resume(self, *, timeout: float | None = None) -> PoolFuture[None]:
         """Let the engines generate again and release the requests the pool held."""
-        limit = self._limit(timeout)
-
-        async def run() -> None:
-            async with self._control:
-                await self._resume(limit)
-
-        return self._submit(run(), "resume")
+        return self._controlled("resume", self._resume, self._limit(timeout))
 
     async def _pause(self, mode: PauseMode, timeout: float) -> None:
         if self._paused is not None and mode != "abort":
@@ -372,16 +357,9 @@ class EnginePool:
         if not isinstance(weights, (Mapping, ray.ObjectRef)):
             raise TypeError(f"weights: must be a mapping of name to tensor or an ObjectRef, "
                             f"got {type(weights).__name__}")
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int)
-                                    or version < 0):
-            raise ValueError(f"version={version!r}: must be an int >= 0")
-        limit = self._limit(timeout)
-
-        async def run() -> int:
-            async with self._control:
-                return await self._update(weights, version, limit)
-
-        return self._submit(run(), "update_weights")
+        version = check_optional_int("version", version, 0)
+        return self._controlled("update_weights", self._update, weights, version,
+                                self._limit(timeout))
 
     async def _weight_spec(self, timeout: float) -> WeightSpec:
         if self._spec is None:
@@ -451,7 +429,7 @@ class EnginePool:
                        .all().get(limit))
         engines = []
         for rank, reply in enumerate(replies):
-            base = reply if isinstance(reply, EngineStats) else EngineStats(rank, alive=False)
+            base = reply if isinstance(reply, EngineStats) else EngineStats(rank)
             alive = loads.alive[rank] and isinstance(reply, EngineStats)
             engines.append(dataclasses.replace(base, alive=alive, outstanding=loads[rank]))
 
@@ -508,9 +486,18 @@ class EnginePool:
     def _limit(self, timeout: float | None) -> float:
         if timeout is None:
             return self._timeout_s
-        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout={timeout!r}: must be a finite number > 0")
-        return float(timeout)
+        return seconds("timeout", timeout)
+
+    def _controlled(self, label: str, fn: Callable[P, Coroutine[Any, Any, R]],
+                    *args: P.args, **kwargs: P.kwargs) -> PoolFuture[R]:
+        """`fn(*args, **kwargs)` on the loop thread, under the control lock (one control
+        operation at a time)."""
+
+        async def run() -> R:
+            async with self._control:
+                return await fn(*args, **kwargs)
+
+        return self._submit(run(), label)
 
     def _submit(self, coro: Coroutine[Any, Any, R], label: str) -> PoolFuture[R]:
         if self._closed:

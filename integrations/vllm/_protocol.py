@@ -93,18 +93,37 @@ class Engine(abc.ABC):
     pause may arrive after it (an async actor runs calls out of order), so an engine handles
     them as the pause mode says.
 
-    Subclasses take `(model: str, engine_args: dict)` in `__init__`, call `_start_gate()`
-    there, await `_restored()` before serving a `generate`, and may override `check_args`
-    (driver side, before any actor starts) and `mesh_defaults`.
+    Subclasses take `(model: str, engine_args: dict)` in `__init__` and call
+    `_start_engine(rank)` there; each sequence of a `generate` starts with `_admit()`, a pause
+    ends with `_now_paused(mode)` and a resume starts with `_now_resumed()`. They may override
+    `check_args` (driver side, before any actor starts) and `mesh_defaults`.
+
+    The base keeps the pause bookkeeping: `_rank`, `_version` (the weights' version),
+    `_paused` (the mode, for `stats`), `_cutting` (paused with `"abort"`: every sequence ends at
+    once; the engine sets it where its abort begins) and `_quiet` (set while the engine holds
+    no sequence; the engine clears and sets it).
 
     A restarted engine (Ray re-ran `__init__`) must not serve with its checkpoint's weights: it
     holds `generate` calls until the pool's `restore` has loaded the current weights (and
     paused it, if the pool is paused), whatever order the calls arrive in.
     """
 
+    _rank: int
+    _version: int
+    _paused: PauseMode | None
+    _cutting: bool
+    _quiet: asyncio.Event
     _restore_gate: asyncio.Event
 
-    def _start_gate(self) -> None:
+    def _start_engine(self, rank: int) -> None:
+        """The protocol's state of a new engine (of rank `rank`): weights version 0, not paused,
+        quiet, and (if Ray restarted this actor) holding requests until `restore`."""
+        self._rank = rank
+        self._version = 0
+        self._paused = None
+        self._cutting = False
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         self._restore_gate = asyncio.Event()
         with warnings.catch_warnings():  # Ray 2.60 warns about its own use of a deprecated API
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -121,6 +140,22 @@ class Engine(abc.ABC):
                 raise RuntimeError(
                     f"engine restarted but not restored by its pool within {RESTORE_TIMEOUT_S} s"
                 ) from None
+
+    async def _admit(self) -> Piece | None:
+        """Before a sequence starts: wait for `restore` if the engine restarted; then the empty
+        cut `Piece` to return at once if the engine is paused with "abort", else None."""
+        await self._restored()
+        if self._cutting:
+            return Piece([], [], [], "abort", self._rank)
+        return None
+
+    def _now_paused(self, mode: PauseMode) -> None:
+        """The engine is quiet: record the pause ("abort" once cut, whatever mode came since)."""
+        self._paused = "abort" if self._cutting else mode
+
+    def _now_resumed(self) -> None:
+        self._cutting = False
+        self._paused = None
 
     @am.method
     async def restore(self, blob: bytes | None, version: int, paused: PauseMode | None) -> None:

@@ -119,9 +119,9 @@ class FakeEngine(Engine):
             raise ValueError(f"FakeEngine: speeds={speeds!r} must be a list of numbers > 0")
 
     def __init__(self, model: str, engine_args: Mapping[str, Any]) -> None:
-        self._rank = am.current_rank().rank
+        rank = am.current_rank().rank
         speeds = engine_args.get("speeds") or [1.0]
-        speed = float(speeds[self._rank % len(speeds)])
+        speed = float(speeds[rank % len(speeds)])
         self._step_s = float(engine_args.get("step_s", 0.002)) / speed
         self._step_s_per_seq = float(engine_args.get("step_s_per_seq", 0.0)) / speed
         self._prefill_s = float(engine_args.get("prefill_s_per_token", 0.0)) / speed
@@ -134,23 +134,18 @@ class FakeEngine(Engine):
         self._checkpoint = fake_checkpoint(self._spec)
         self._weights = dict(self._checkpoint)
         self._salt = weights_salt(self._weights)
-        self._version = 0
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._running: list[_Seq] = []
         self._cache: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._paused: PauseMode | None = None
-        self._cutting = False
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._between_steps = asyncio.Event()  # set while no step is being computed
         self._between_steps.set()
-        self._quiet = asyncio.Event()
-        self._quiet.set()
         self._stepper: asyncio.Task[None] | None = None
         self._generated = 0
         self._queries = 0
         self._hits = 0
-        self._start_gate()
+        self._start_engine(rank)
 
     # -- generation -------------------------------------------------------------------------
     @am.method
@@ -158,9 +153,9 @@ class FakeEngine(Engine):
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
 
     async def _one(self, request: SubRequest) -> Piece:
-        await self._restored()
-        if self._cutting:
-            return Piece([], [], [], "abort", self._rank)
+        cut = await self._admit()
+        if cut is not None:
+            return cut
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         seq = _Seq(list(request.token_ids), request.sampling, done)
         self._waiting.append(seq)
@@ -259,7 +254,7 @@ class FakeEngine(Engine):
         if mode == "abort":
             self._cutting = True
             self._cut_all()
-        self._paused = "abort" if self._cutting else mode
+        self._now_paused(mode)
 
     def _cut_all(self) -> None:
         for seq in list(self._running) + list(self._waiting):
@@ -267,8 +262,7 @@ class FakeEngine(Engine):
 
     @am.method
     async def resume(self) -> None:
-        self._cutting = False
-        self._paused = None
+        self._now_resumed()
         self._resumed.set()
 
     # -- state ------------------------------------------------------------------------------
