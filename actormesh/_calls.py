@@ -12,8 +12,8 @@
     MeshFuture.get() -> read(call)            ray.get(ref) on the caller's thread, errors
                                               named with the actor's rank and coordinates
 
-`all` and `shard` send one call per actor with `Router.send`; their future combines the parts
-on the loop thread (`_future`). A call's slot is freed exactly once, when it ends, whatever the
+`all` and `shard` send one call per actor with `Router.send`; their future settles once every
+part has ended, and its first reader reads and combines the parts (`_future`). A call's slot is freed exactly once, when it ends, whatever the
 outcome; a call is settled exactly once (a second outcome, e.g. after a timeout, is dropped).
 """
 
@@ -203,12 +203,14 @@ class Router:
             else:
                 out = call.fn(self.handles[actor], *call.args)
                 ref = _first_ref(out, call.method)
+            call.ref, call.out = ref, out
+            ref._on_ready(call.ended)
         except Exception as err:  # e.g. an argument that cannot be serialised
             self._give_back(actor)
             call.fail(err)
             return
-        call.ref, call.out = ref, out
-        ref._on_ready(call.ended)
+        if call.future.done():  # cancelled while being sent: `cancel` may not have seen `ref`
+            self.cancel_sent(call)
         if not call.retries:  # Ray holds what it sent; free the caller's objects with its future
             call.args, call.kwargs = (), _NO_KWARGS
 
@@ -251,6 +253,12 @@ class Router:
         with self._outbox_lock:
             decisions, self._outbox = self._outbox, []
             self._outbox_posted = False
+        if self.closed:  # given a slot just before shutdown: never sent, slot given back
+            for decision in decisions:
+                self.scheduler.release(decision.actor, False)
+            self._fail_decisions(decisions, MeshError(
+                "the mesh was shut down before this call was sent"))
+            return
         self._send_decisions(decisions)
 
     def _picker_failed(self, err: _native.PickerError) -> list[_native.Decision]:
@@ -266,13 +274,16 @@ class Router:
             lost = outcome == _ray.DIED or outcome == _ray.UNAVAILABLE
             if lost:  # before the slot is freed: no queued call may follow this one there
                 self.failures.lost(call.actor, call.epoch)
-            self._hand_on(self.scheduler.complete(call.actor, call.started, ended,
-                                                  outcome == _ray.OK, self._drain_inline),
-                          call.actor)
+            if outcome == _ray.CANCELLED:  # we cancelled it: no sample, and not the actor's failure
+                drained = self.scheduler.release(call.actor, self._drain_inline)
+            else:
+                drained = self.scheduler.complete(call.actor, call.started, ended,
+                                                  outcome == _ray.OK, self._drain_inline)
+            self._hand_on(drained, call.actor)
             if lost:
                 if call.retries > 0 and call.target is not None and not call.future.done():
                     call.retries -= 1
-                    _loop.post(self.route, call)
+                    _loop.post(self._retry, call)
                     return
             if error is not None:
                 call.fail(call.error(error) if isinstance(error, RayError) else error)
@@ -282,6 +293,12 @@ class Router:
             log.exception("actormesh: ending %s failed", call.method)
             call.fail(err)
 
+    def _retry(self, call: Call) -> None:
+        """Route a lost call again (loop thread), unless it was cancelled or timed out since:
+        such a call is never sent again."""
+        if not call.future.done():
+            self.route(call)
+
     def _fail_decisions(self, decisions: Sequence[_native.Decision], error: BaseException) -> None:
         for decision in decisions:
             call: Call = decision.payload
@@ -289,22 +306,40 @@ class Router:
 
     # -- cancellation, timeouts, shutdown ------------------------------------------------------
     def cancel(self, calls: Sequence[Call], error: BaseException) -> None:
-        """Settle every call not yet done with `error`; take those still queued out of the
-        queue. A call already sent runs to its end (its slot is freed then) and its result is
-        dropped: `ray.cancel` of a call queued in a synchronous actor can stall that actor."""
+        """Settle every call not yet done with `error`: a queued call leaves the queue and is
+        never sent, a call already sent is cancelled where it runs (`cancel_sent`). Its slot is
+        freed when it ends, as for any call."""
         for call in calls:
             if call.future.done():
                 continue
             if call.ticket:
                 self.scheduler.cancel(call.ticket)  # False: given a slot meanwhile; _send sees it
-            call.fail(_copy(error))
+            # Settled first, then `ref` read: a send under way either sees the call settled
+            # or has set `ref` by now, so one of the two cancels it.
+            if call.future.set_exception(_copy(error)) and call.ref is not None:
+                self.cancel_sent(call)
+
+    def cancel_sent(self, call: Call) -> None:
+        """Ask Ray to stop a call that was sent, where Ray can: an async (or threaded) actor
+        cancels it, and one it has not started never runs. A synchronous actor runs its calls
+        in order and its call runs to its end, its result dropped: Ray 2.60 cannot skip one
+        without stalling the actor (`_ray.cancellable`). Never a kill."""
+        if not _ray.cancellable(self.handles[call.actor]):
+            return
+        try:
+            ray.cancel(call.ref)
+        except Exception as err:  # noqa: BLE001 - Ray is shutting down, or the call is gone
+            log.debug("actormesh: cancelling %s failed: %s", call.method, err)
 
     def expire_after(self, timeout_s: float, calls: Sequence[Call], label: str) -> _loop.Timer:
+        """Cancel the calls not done after `timeout_s` with a `MeshTimeoutError` (on the loop
+        thread): those still queued are never sent, those sent are cancelled in the actor."""
         error = MeshTimeoutError(f"{label} did not finish within timeout={timeout_s} s")
         return _loop.call_later(timeout_s, self.cancel, calls, error)
 
     def close(self, why: str) -> None:
-        """Fail every queued call with `why`; later calls fail at once."""
+        """Fail every queued call with `why`; later calls fail at once, and calls given a slot
+        but not yet sent are never sent."""
         self.closed = True
         self.failures.close()
         self._fail_decisions(self.scheduler.take_queued(), MeshError(why))

@@ -1,20 +1,26 @@
 """Failures: which actors of a mesh may take calls, and since which incarnation.
 
-Deaths and restarts are learnt from Ray's GCS actor channel (`_ray.ActorStates`), which reports
-every state change of every actor within milliseconds, idle or busy, and carries Ray's restart
-count: the actor's *epoch*. A call records the epoch it was sent to, so a failure that arrives
-late from an earlier incarnation never takes a restarted actor out again.
+Deaths and restarts are learnt from Ray's GCS actor channel (`ActorStates`), which reports every
+state change of every actor within milliseconds, idle or busy, and carries Ray's restart count:
+the actor's *epoch*. A call records the epoch it was sent to, so a failure that arrives late
+from an earlier incarnation never takes a restarted actor out again.
 
-An actor goes through these states here (all changes on the library's loop thread):
+Each actor's state changes in one place: `_liveness.transition`, on the library's loop thread.
+Every event goes through it (a GCS notice, a call found the actor gone, the answer to a state
+read, the end of a hook, the restart timer) and this module carries out what it answers: mark
+the actor in the scheduler, start or stop the restart timer, read the actor's state (retried
+with back-off until the GCS answers), and bring a restarted actor back.
 
-    alive --(restarting notice, or a call found it gone)--> restarting --(alive notice)--> alive
-    restarting --(dead notice, or restart_timeout_s passed)--> dead
+A call that finds its actor gone is seen on Ray's completion thread, which marks the actor
+"restarting" in the scheduler at once (no queued call may follow the lost one there) and hands
+the event to the loop; the transition then restates the actor's state to the scheduler, so a
+mark that raced with a re-admission is undone there, with no check-then-act across threads.
 
-While restarting it takes no call but stays live: a call that only it can serve waits for it in
-the scheduler's queue. When it is alive again with a new epoch, `on_restart(view)` runs on the
-user thread (it may call the mesh and wait: the actor answers calls sent to it directly, only
-`choose` does not route to it yet), then `choose` uses it again. A hook that raises is logged,
-and the actor is used again all the same: it did come back.
+A restarted incarnation is admitted once this process can call it and its `on_restart(view)`
+hook has run, on the mesh's own user lane (it may call the mesh and wait: the actor answers calls
+sent to it directly, only `choose` does not route to it yet). A hook that raises is logged, and
+one that runs past `on_restart_timeout_s` is logged and left to finish on its thread: the actor
+is used again all the same, since it did come back.
 """
 
 from __future__ import annotations
@@ -28,12 +34,35 @@ from typing import Any
 
 from . import _loop, _native, _ray
 from ._errors import NoLiveActorsError
+from ._liveness import (
+    ComeBack,
+    Effect,
+    Event,
+    HookEnded,
+    Life,
+    Lost,
+    Notice,
+    Probe,
+    Route,
+    Seen,
+    StartTimer,
+    Status,
+    StopTimer,
+    TimerFired,
+    transition,
+)
 
 log = logging.getLogger("actormesh")
 
-_ALIVE, _RESTARTING, _DEAD = "alive", "restarting", "dead"
 _CALLABLE_POLL_S = 0.005
 _CALLABLE_POLLS = 2000  # 10 s: then the hook and the calls go ahead, and fail if they must
+_READ_FIRST_S = 0.05  # the first retry of a state read that failed; doubled up to the next
+_READ_MAX_S = 2.0
+ON_RESTART_TIMEOUT_S = 600.0
+"""How long an `on_restart` hook may run before its actor is used again anyway (by default:
+re-forming a collective group may legitimately take minutes)."""
+
+_SEEN: dict[int, Seen] = {_ray.ALIVE: "alive", _ray.RESTARTING: "restarting", _ray.DEAD: "dead"}
 
 SendDrained = Callable[[Callable[[int], list[_native.Decision]], int], None]
 """`send_drained(take, actor)` sends the queued calls `take(actor)` gives a slot (the router's)."""
@@ -49,123 +78,150 @@ class Failures:
         self._scheduler = scheduler
         self._names = list(names)  # "rank 1 (dp=0,tp=1)", for messages
         self._restart_timeout_s = restart_timeout_s
-        # Runs (on the user thread) when an actor is back, before `choose` uses it again.
+        # Runs (on the mesh's hook lane) when an actor is back, before `choose` uses it again.
         self.on_restart: Callable[[int], object] | None = None
+        self.on_restart_timeout_s = ON_RESTART_TIMEOUT_S
         self._send_drained = send_drained
         self._fail = fail
         count = len(self._names)
+        self._lives = [Life()] * count  # replaced whole on the loop thread, read anywhere
         self.epochs = [0] * count  # the newest incarnation seen; read by the router per call
-        self._routed = [0] * count  # the incarnation `choose` routes to
-        self._status = [_ALIVE] * count
         self._timers: list[_loop.Timer | None] = [None] * count
+        self._next_timer = 1
+        self._reading: set[int] = set()  # actors whose state is being read
+        self._hooks = _loop.Lane()
         self._actor_ids: list[bytes] = []
         self._closed = False
 
-    # -- what happens to an actor (loop thread) ----------------------------------------------
+    def status(self, actor: int) -> Status:
+        return self._lives[actor].status
+
+    # -- events -------------------------------------------------------------------------------
     def on_state(self, actor: int, state: int, epoch: int, reason: str) -> None:
-        """A state notice from the GCS (or its answer to a question): apply it unless stale."""
-        if self._closed or epoch < self.epochs[actor]:
-            return
-        self.epochs[actor] = epoch
-        if state == _ray.DEAD:
-            self._dead(actor, f"{self._names[actor]} died" + (f": {reason}" if reason else ""))
-        elif state == _ray.RESTARTING:
-            self._restarting(actor)
-        elif state == _ray.ALIVE:
-            if epoch > self._routed[actor]:
-                self._restarting(actor)  # its restart may have been too quick to be published
-                self._come_back(actor, epoch)
-            elif self._status[actor] == _RESTARTING:
-                self._readmit(actor, epoch)  # a call failed, but this incarnation is fine
+        """A state notice from the GCS (loop thread)."""
+        seen = _SEEN.get(state)
+        if seen is not None:
+            self._event(actor, Notice(seen, epoch, reason))
 
     def lost(self, actor: int, epoch: int) -> None:
         """A call sent to incarnation `epoch` found the actor gone (Ray's completion thread):
-        stop routing to it at once, and look into it on the loop thread."""
-        if self._closed or epoch != self.epochs[actor] or self._status[actor] != _ALIVE:
+        stop routing to it at once, and let the loop thread decide what became of it."""
+        if self._closed:
             return
-        self._scheduler.mark_dead(actor, restarting=True)
-        _loop.post(self._suspect, actor, epoch)
+        life = self._lives[actor]
+        if life.status is Status.ALIVE and life.routed == epoch:
+            self._scheduler.mark_dead(actor, restarting=True)
+        _loop.post(self._event, actor, Lost(epoch))
 
-    def _suspect(self, actor: int, epoch: int) -> None:
-        """Ask the GCS what became of an actor a call found gone (its own notice usually comes
-        first); until then it takes no call."""
-        if self._closed or epoch != self.epochs[actor] or self._status[actor] != _ALIVE:
+    def _event(self, actor: int, event: Event) -> None:
+        """Pass `event` through the actor's transition and carry out what it answers (loop
+        thread)."""
+        if self._closed:
             return
-        self._restarting(actor)
-        _loop.loop().create_task(self._ask(actor))
+        life, effects = transition(self._lives[actor], event, timer=self._next_timer)
+        self._lives[actor] = life
+        self.epochs[actor] = life.epoch
+        for effect in effects:
+            self._apply(actor, effect)
 
-    async def _ask(self, actor: int) -> None:
-        actor_id = self._actor_ids[actor]
+    def _apply(self, actor: int, effect: Effect) -> None:
+        if isinstance(effect, Route):
+            self._route(actor, effect)
+        elif isinstance(effect, StartTimer):
+            self._next_timer += 1
+            self._stop_timer(actor)
+            why = f"did not come back within restart_timeout_s={self._restart_timeout_s} s"
+            self._timers[actor] = _loop.call_later(
+                self._restart_timeout_s, _weak(self._event), actor, TimerFired(effect.token, why))
+        elif isinstance(effect, StopTimer):
+            self._stop_timer(actor)
+        elif isinstance(effect, Probe):
+            if actor not in self._reading and actor < len(self._actor_ids):
+                self._reading.add(actor)
+                _loop.loop().create_task(self._read_state(actor))
+        elif isinstance(effect, ComeBack):
+            _loop.loop().create_task(self._come_back(actor, effect.epoch))
+
+    def _route(self, actor: int, route: Route) -> None:
+        """Make the scheduler see the actor as `route` says, unless it does already."""
+        now = self._scheduler.status()[actor]
+        if route.as_ == now:
+            return
+        if route.as_ == "alive":
+            self._send_drained(self._scheduler.mark_alive, actor)
+        elif route.as_ == "restarting":
+            self._scheduler.mark_dead(actor, restarting=True)  # a dead one stays dead till admitted
+        else:
+            orphans = self._scheduler.mark_dead(actor)
+            if orphans:
+                self._fail(orphans, NoLiveActorsError(
+                    f"no live actor left to take the call ({self._names[actor]} {route.why})"))
+
+    def _stop_timer(self, actor: int) -> None:
+        timer, self._timers[actor] = self._timers[actor], None
+        if timer is not None:
+            timer.cancel()
+
+    async def _read_state(self, actor: int) -> None:
+        """Ask the GCS what became of an actor a call found gone, until it answers: one failed
+        read concludes nothing."""
+        delay = _READ_FIRST_S
         try:
-            state = await _ray.actor_state(actor_id)
-        except Exception as err:  # noqa: BLE001 - the GCS notice will tell instead
-            log.debug("actormesh: cannot read the state of %s: %s", self._names[actor], err)
-            return
-        if state is not None:
-            self.on_state(actor, *state)
+            while not self._closed:
+                try:
+                    found = await _ray.actor_state(self._actor_ids[actor])
+                except Exception as err:  # noqa: BLE001 - the GCS is busy or away: ask again
+                    log.debug("actormesh: cannot read the state of %s (%s); retrying in %.2f s",
+                              self._names[actor], err, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _READ_MAX_S)
+                    continue
+                if found is not None:
+                    self.on_state(actor, *found)
+                return
+        finally:
+            self._reading.discard(actor)
 
-    def _restarting(self, actor: int) -> None:
-        if self._status[actor] != _ALIVE:
-            return
-        self._status[actor] = _RESTARTING
-        self._scheduler.mark_dead(actor, restarting=True)
-        self._timers[actor] = _loop.call_later(
-            self._restart_timeout_s, _weak(self._gave_up), actor, self.epochs[actor]
-        )
+    def _returning(self, actor: int, epoch: int) -> bool:
+        life = self._lives[actor]
+        return not self._closed and life.status is Status.RETURNING and life.epoch == epoch
 
-    def _gave_up(self, actor: int, epoch: int) -> None:
-        if self._status[actor] == _RESTARTING and self.epochs[actor] == epoch:
-            self._dead(actor, f"{self._names[actor]} did not come back within "
-                              f"restart_timeout_s={self._restart_timeout_s} s")
-
-    def _dead(self, actor: int, why: str) -> None:
-        self._cancel_timer(actor)
-        if self._status[actor] == _DEAD:
-            return
-        self._status[actor] = _DEAD
-        orphans = self._scheduler.mark_dead(actor)
-        if orphans:
-            self._fail(orphans, NoLiveActorsError(f"no live actor left to take the call ({why})"))
-
-    def _come_back(self, actor: int, epoch: int) -> None:
-        """A new incarnation answers: once this process can call it, run the hook, then route
-        to it."""
-        _loop.loop().create_task(self._when_callable(actor, epoch))
-
-    async def _when_callable(self, actor: int, epoch: int) -> None:
+    async def _come_back(self, actor: int, epoch: int) -> None:
         # The channel says "alive" a little before this process's core worker knows it, which
         # fails calls sent meanwhile ("the actor is restarting"): wait for it (a few ms).
         actor_id = self._actor_ids[actor] if actor < len(self._actor_ids) else None
         for _ in range(_CALLABLE_POLLS):
-            if self._closed or self.epochs[actor] != epoch or actor_id is None \
+            if not self._returning(actor, epoch) or actor_id is None \
                     or _ray.locally_alive(actor_id):
                 break
             await asyncio.sleep(_CALLABLE_POLL_S)
         hook = self.on_restart
         if hook is None:
-            self._readmit(actor, epoch)
+            self._event(actor, HookEnded(epoch))
+        elif self._returning(actor, epoch):
+            self._hooks.run(f"on_restart of {self._names[actor]}", self._run_hook, hook, actor,
+                            epoch)
+
+    def _run_hook(self, hook: Callable[[int], object], actor: int, epoch: int) -> None:
+        """On the hook lane: run the hook of incarnation `epoch`, unless it went away while
+        the hook waited for its turn (a newer incarnation's hook runs instead)."""
+        if not self._returning(actor, epoch):
             return
+        limit = self.on_restart_timeout_s
+        overran = _loop.call_later(limit, self._overran, actor, epoch, limit)
+        try:
+            hook(actor)
+        finally:
+            overran.cancel()
+            _loop.post(self._event, actor, HookEnded(epoch))
 
-        def run_hook() -> None:
-            try:
-                hook(actor)
-            finally:
-                _loop.post(self._readmit, actor, epoch)
-
-        _loop.run_user(f"on_restart of {self._names[actor]}", run_hook)
-
-    def _readmit(self, actor: int, epoch: int) -> None:
-        if self._closed or self.epochs[actor] != epoch:
-            return  # it died again meanwhile: the newer notice decides
-        self._cancel_timer(actor)
-        self._status[actor] = _ALIVE
-        self._routed[actor] = epoch
-        self._send_drained(self._scheduler.mark_alive, actor)
-
-    def _cancel_timer(self, actor: int) -> None:
-        timer, self._timers[actor] = self._timers[actor], None
-        if timer is not None:
-            timer.cancel()
+    def _overran(self, actor: int, epoch: int, limit: float) -> None:
+        if self._returning(actor, epoch):
+            log.error("actormesh: on_restart of %s did not return within on_restart_timeout_s="
+                      "%s s; routing to the actor again (the hook goes on in its thread)",
+                      self._names[actor], limit)
+            self._hooks.abandon()
+            self._event(actor, HookEnded(epoch))
 
     # -- lifetime --------------------------------------------------------------------------------
     def watch(self, actor_ids: Sequence[bytes], *, known: bool) -> None:
@@ -179,17 +235,19 @@ class Failures:
     async def _read_states(self) -> None:
         for actor, actor_id in enumerate(self._actor_ids):
             found = await _ray.actor_state(actor_id)
-            if found is None:
+            seen = None if found is None else _SEEN.get(found[0])
+            if found is None or seen is None:
                 continue
-            state, epoch, reason = found
-            self.epochs[actor] = self._routed[actor] = epoch
-            if state != _ray.ALIVE:
-                self.on_state(actor, state, epoch, reason)
+            _, epoch, reason = found
+            self._lives[actor] = Life(epoch=epoch, seen=seen, routed=epoch)
+            self.epochs[actor] = epoch
+            if seen != "alive":
+                self._event(actor, Notice(seen, epoch, reason))
 
     def close(self) -> None:
         self._closed = True
         for actor in range(len(self._timers)):
-            self._cancel_timer(actor)
+            self._stop_timer(actor)
         ActorStates.get().unwatch(self, self._actor_ids)
 
 

@@ -1,10 +1,12 @@
 """Results of mesh calls: `MeshFuture` (one pending result) and `ValueMesh` (values on a shape).
 
-A `MeshFuture` stands over the calls a verb made (`_calls.Call`, one per actor called). A call's
-own future settles with its ObjectRef when it ends; its value is read on the thread that asks for
-it (`get()`, `await`), so Ray's completion thread never deserialises a value. `all` and `shard`
-combine their calls' values on the library's loop thread once the last call ends, or fail at the
-first error. User callbacks (`add_done_callback`) run on the library's user thread, isolated.
+A `MeshFuture` stands over the calls a verb made (`_calls.Call`, one per actor called). It
+settles on Ray's completion thread, in O(1) per call: with a single call's own future (its
+ObjectRef), or, for `all` and `shard`, once the last call has ended or one has failed. Nothing
+is read there, nor on the library's loop thread: the first reader (`get()`, `await`, a
+done-callback on the mesh's user lane) reads the values (`ray.get`) and combines them (a
+dispatch's `collect`) on its own thread, once, and every other reader gets the same value or
+error. So a slow `collect`, or one that calls the mesh and waits, delays only its readers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import concurrent.futures as cf
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
@@ -29,45 +32,56 @@ from ._shape import IndexKey, Point, Selectable, Selection, Shape
 R = TypeVar("R")
 V = TypeVar("V")
 
-_UNREAD: Any = object()
-_cache_lock = threading.Lock()  # held for a few bytecodes when a value is first read
+_lock = threading.Lock()  # held for a few bytecodes: claiming a future's read, finding a lane
+_lanes: weakref.WeakKeyDictionary[Router, _loop.Lane] = weakref.WeakKeyDictionary()
 
 
 class MeshFuture(Generic[R]):
     """A pending result of `all`, `choose` or `shard`: `.get()`, `await`, or per actor as each
     call completes."""
 
-    __slots__ = ("_calls", "_future", "_label", "_router", "_one", "_cache",
+    __slots__ = ("_calls", "_future", "_label", "_router", "_combine", "_read",
                  "_return_exceptions")
 
-    def __init__(self, calls: Sequence[Call], future: Result[Any], label: str,
-                 router: Router, *, one: bool, return_exceptions: bool = False) -> None:
+    def __init__(self, calls: Sequence[Call], future: Result[Any], label: str, router: Router,
+                 *, combine: Callable[[list[Any]], Any] | None,
+                 return_exceptions: bool = False) -> None:
         self._calls = calls
-        self._future = future  # one call's own future (its ObjectRef), or the combined value's
+        # Settled once the result can be read: a call's own future (`combine` None), or the
+        # one `_ended` makes over several calls (the call that failed first, or None).
+        self._future = future
         self._label = label
         self._router = router
-        self._one = one
-        self._cache: Any = _UNREAD  # (value, error) once a single call's value has been read
+        self._combine = combine
+        self._read: Result[Any] | None = None  # the result, once a reader has claimed it
+        # Errors are values: a single call's error is returned; with several, each part's.
         self._return_exceptions = return_exceptions
 
     @classmethod
     def of_call(cls, call: Call, label: str, *, return_exceptions: bool) -> MeshFuture[Any]:
         """The future of one call (`choose`): its value is read when first asked for."""
-        return cls((call,), call.future, label, call.router, one=True,
+        return cls((call,), call.future, label, call.router, combine=None,
                    return_exceptions=return_exceptions)
 
     @classmethod
     def of_calls(cls, calls: Sequence[Call], combine: Callable[[list[Any]], Any], label: str,
                  router: Router, *, return_exceptions: bool) -> MeshFuture[Any]:
         """The future of several calls whose values `combine` makes one (`all`, `shard`)."""
-        return cls(calls, gather(calls, combine, return_exceptions), label, router, one=False)
+        return cls(calls, _ended(calls, stop_at_error=not return_exceptions), label, router,
+                   combine=combine, return_exceptions=return_exceptions)
 
     def get(self, timeout: float | None = None) -> R:
         """Wait for the result; raise the call's error, or `TimeoutError` after `timeout` s
         (the call goes on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._future.wait(timeout):
             raise TimeoutError(f"{self._label} did not finish within {timeout} s")
-        return self._outcome()
+        result, mine = self._claim()
+        if mine:
+            self._fill(result)
+        elif not result.wait(None if deadline is None else deadline - time.monotonic()):
+            raise TimeoutError(f"{self._label} did not finish within {timeout} s")
+        return self._outcome(result)
 
     def __await__(self) -> Generator[Any, None, R]:
         return self._wait().__await__()
@@ -75,51 +89,63 @@ class MeshFuture(Generic[R]):
     async def _wait(self) -> R:
         if not self._future.done():
             await _settled(self._future)
-        if self._one and self._cache is _UNREAD and self._future.exception() is None:
-            call = self._calls[0]
-            try:  # read the way Ray awaits a value: off this event loop's thread
-                value, error = await call.future.result(), None
-            except RayError as err:
-                value, error = None, call.error(err)
-            self._store(value, error)
-        return self._outcome()
+        result, mine = self._claim()
+        if mine:  # read off this event loop's thread: a value may be large, a collect slow
+            await asyncio.get_running_loop().run_in_executor(None, self._fill, result)
+        elif not result.done():
+            await _settled(result)
+        return self._outcome(result)
 
-    def _outcome(self) -> R:
-        """The settled result: the value, or the error raised (returned with
-        `return_exceptions`)."""
-        error = self._future.exception()
-        if error is None and self._one:
-            if self._cache is _UNREAD:
-                try:
-                    self._store(read(self._calls[0]), None)
-                except Exception as err:  # noqa: BLE001 - the call's error, mapped by read
-                    self._store(None, err)
-            value, error = self._cache
-        else:
-            value = None if error is not None else self._future.result()
+    def _claim(self) -> tuple[Result[Any], bool]:
+        """The result every reader shares, and whether this reader is the one to fill it."""
+        with _lock:
+            result = self._read
+            if result is not None:
+                return result, False
+            result = self._read = Result()
+            return result, True
+
+    def _fill(self, result: Result[Any]) -> None:
+        """Read the values and combine them (once, for every reader)."""
+        try:
+            result.set_result(self._value())
+        except BaseException as err:  # noqa: BLE001 - every reader gets it
+            result.set_exception(err)
+
+    def _value(self) -> Any:
+        if self._combine is None:
+            return read(self._calls[0])
+        failed: Call | None = self._future.result()
+        if failed is not None:
+            read(failed)  # raises its error
+            raise RuntimeError(f"{failed.method}: failed without an error")
+        return self._combine(_values(self._calls, self._return_exceptions))
+
+    def _outcome(self, result: Result[Any]) -> R:
+        """The value, or the error raised (returned, for one call, with `return_exceptions`)."""
+        error = result.exception()
         if error is None:
-            return value  # type: ignore[no-any-return]
-        if self._return_exceptions and not isinstance(error, cf.CancelledError):
+            value: R = result.result()
+            return value
+        if self._return_exceptions and self._combine is None \
+                and not isinstance(error, cf.CancelledError):
             return error  # type: ignore[return-value]
         raise error
-
-    def _store(self, value: Any, error: BaseException | None) -> None:
-        with _cache_lock:
-            if self._cache is _UNREAD:  # the first reader's object is everybody's
-                self._cache = (value, error)
 
     def done(self) -> bool:
         return self._future.done()
 
     def add_done_callback(self, callback: Callable[[MeshFuture[R]], object]) -> None:
-        """Call `callback(self)` once the result is in (soon if it is), on the library's user
-        thread, after the callbacks added before it. An exception it raises is logged."""
+        """Call `callback(self)` once the result is in (soon if it is), on the mesh's user lane,
+        after the callbacks added before it. An exception it raises is logged."""
         what = f"a done-callback of {self._label}"
-        self._future.add_done_callback(lambda _: _loop.run_user(what, callback, self))
+        lane = _lane(self._router)
+        self._future.add_done_callback(lambda _: lane.run(what, callback, self))
 
     def cancel(self) -> None:
-        """Fail the call with `CancelledError`: queued calls are dropped; calls already sent to
-        an actor run to their end and their results are dropped."""
+        """Fail the call with `CancelledError`: a queued call is never sent; a call already sent
+        is cancelled in its actor (an async actor stops it; a synchronous actor finishes a call
+        it holds, and its result is dropped)."""
         self._router.cancel(self._calls, cf.CancelledError(f"{self._label} was cancelled"))
 
     @property
@@ -162,13 +188,11 @@ class MeshFuture(Generic[R]):
     @overload
     def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]: ...
     async def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]:
+        loop = asyncio.get_running_loop()
+
         async def one(call: Call) -> tuple[Point, Any]:
             await _settled(call.future)
-            ref = call.future.result()
-            try:
-                value = await ref
-            except RayError as err:
-                raise call.error(err) from None
+            value = await loop.run_in_executor(None, read, call)  # off this loop's thread
             return call.point, value
 
         for next_done in asyncio.as_completed([one(c) for c in self._calls]):
@@ -261,9 +285,19 @@ def _putting(finished: queue.SimpleQueue[Call], call: Call) -> Callable[[Result[
     return lambda _: finished.put(call)
 
 
+def _lane(router: Router) -> _loop.Lane:
+    """The lane of one mesh's done-callbacks (a slow callback holds up no other mesh's)."""
+    with _lock:
+        lane = _lanes.get(router)
+        if lane is None:
+            lane = _lanes[router] = _loop.Lane()
+        return lane
+
+
 async def _settled(future: Result[Any]) -> None:
     """Wait, in the running event loop, until `future` is settled. Cancelling the waiting task
-    leaves `future` alone: other waiters may share it."""
+    (e.g. `asyncio.wait_for` timing out) leaves `future` alone, other waiters may share it, and
+    takes the waiter's callback back: nothing of it stays behind."""
     if future.done():
         return
     loop = asyncio.get_running_loop()
@@ -273,31 +307,34 @@ async def _settled(future: Result[Any]) -> None:
         if not woken.done():
             woken.set_result(None)
 
-    future.add_done_callback(lambda _: loop.call_soon_threadsafe(wake))
-    await woken
+    def callback(_: Result[Any]) -> None:
+        loop.call_soon_threadsafe(wake)
+
+    future.add_done_callback(callback)
+    try:
+        await woken
+    finally:  # after a cancel (`woken` is cancelled with the task) the callback goes too
+        future.remove_done_callback(callback)
 
 
-def gather(calls: Sequence[Call], combine: Callable[[list[Any]], Any],
-           return_exceptions: bool) -> Result[Any]:
-    """A future of `combine(values)` over the calls' values in order, made on the loop thread
-    once the last call has ended; or of the first error (with `return_exceptions`, errors are
-    values). Counting happens on Ray's completion thread, in O(1) per call."""
-    out: Result[Any] = Result()
+def _ended(calls: Sequence[Call], *, stop_at_error: bool) -> Result[Call | None]:
+    """A future settled (on Ray's completion thread, O(1) per call) once every call has ended,
+    with None; or, with `stop_at_error`, as soon as one fails, with that call."""
+    out: Result[Call | None] = Result()
     if not calls:
-        _loop.post(_combine, calls, combine, return_exceptions, out)
+        out.set_result(None)
         return out
     left = [len(calls)]
     lock = threading.Lock()
 
     def one_done(future: Result[Any], call: Call) -> None:
-        if not return_exceptions and (future.exception() is not None
-                                      or call.outcome != _ray.OK):
-            _loop.post(_fail_with, call, out)
+        if stop_at_error and (future.exception() is not None or call.outcome != _ray.OK):
+            out.set_result(call)  # the first to fail; a later outcome is dropped
         with lock:
             left[0] -= 1
             last = left[0] == 0
         if last:
-            _loop.post(_combine, calls, combine, return_exceptions, out)
+            out.set_result(None)
 
     for call in calls:
         call.future.add_done_callback(_calling(one_done, call))
@@ -310,46 +347,9 @@ def _calling(
     return lambda future: fn(future, call)
 
 
-def _fail_with(call: Call, out: Result[Any]) -> None:
-    if out.done():
-        return
-    try:
-        read(call)
-    except Exception as err:  # noqa: BLE001 - the call's error is the result's
-        out.set_exception(err)
-        return
-    out.set_exception(RuntimeError(f"{call.method}: failed without an error"))
-
-
-def _combine(calls: Sequence[Call], combine: Callable[[list[Any]], Any],
-             return_exceptions: bool, out: Result[Any]) -> None:
-    if out.done():
-        return
-    values: list[Any] = []
-    try:
-        for value in _read_all(calls):
-            if isinstance(value, _Raised):
-                if not return_exceptions:
-                    out.set_exception(value.error)
-                    return
-                value = value.error
-            values.append(value)
-        result = combine(values)
-    except Exception as err:  # noqa: BLE001 - e.g. a dispatch's collect failed: the result's
-        out.set_exception(err)
-        return
-    out.set_result(result)
-
-
-class _Raised:
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def _read_all(calls: Sequence[Call]) -> list[Any]:
-    """Every call's value in order (an error as `_Raised`), the successful ones in one read."""
+def _values(calls: Sequence[Call], errors_as_values: bool) -> list[Any]:
+    """Every call's value in order, the successful ones in one read; a failed call's error
+    raises, or (`errors_as_values`) stands in its place."""
     good = [c for c in calls if c.future.exception() is None and c.outcome == _ray.OK]
     values: dict[int, Any] = {}
     if good:
@@ -357,7 +357,7 @@ def _read_all(calls: Sequence[Call]) -> list[Any]:
             for call, value in zip(good, ray.get([c.future.result() for c in good])):
                 values[id(call)] = value
         except RayError:
-            good = []  # one of them failed after all: read them one by one below
+            values = {}  # one of them failed after all: read them one by one below
     out: list[Any] = []
     for call in calls:
         if id(call) in values:
@@ -365,8 +365,10 @@ def _read_all(calls: Sequence[Call]) -> list[Any]:
             continue
         try:
             out.append(read(call))
-        except Exception as err:  # noqa: BLE001 - that call's error
-            out.append(_Raised(err))
+        except Exception as err:
+            if not errors_as_values:
+                raise
+            out.append(err)
     return out
 
 

@@ -1,17 +1,18 @@
-"""The library's own threads: one event loop for its bookkeeping, one thread for user code.
+"""The library's own threads: one event loop that sends and times, and lanes for user code.
 
 Ray completes calls on one thread of its core worker, which also delivers every reply and death
 notice of the process: whatever runs there must be short and must never wait. So a completion
 frees the call's slot and settles its future, and everything else is handed over here:
 
 - `post` / `call_later` run library code on the loop thread (`actormesh-loop`, an asyncio loop):
-  sending calls that waited for a slot, combining the results of `all` and `shard`, timeouts,
-  and following the actors' states. It never runs user code, so it never waits on the mesh.
-- `run_user` runs user code that may call the mesh and wait (done-callbacks, `on_restart`
-  hooks) on the user thread (`actormesh-user`), in the order it was handed over. A failure is
-  logged through `logging.getLogger("actormesh")` and stops nothing else.
+  sending calls that waited for a slot, timeouts, and following the actors' states. It never
+  runs user code and never reads a value (a reader reads on its own thread), so nothing there
+  waits on the mesh and a slow `collect` of one mesh never delays another's timeout.
+- A `Lane` runs user code that may call the mesh and wait (done-callbacks, `on_restart` hooks)
+  on a thread of its own (`actormesh-user`), in the order it was handed over; each mesh has its
+  own lanes.
 
-Both threads are daemons: a hook stuck on a call that never ends cannot keep the process alive.
+Every thread is a daemon: a hook stuck on a call that never ends cannot keep the process alive.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import logging
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -28,12 +29,10 @@ log = logging.getLogger("actormesh")
 
 T = TypeVar("T")
 
+_LANE_IDLE_S = 1.0  # a lane's thread waits this long for more work before it ends
+
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
-_user_queue: queue.SimpleQueue[tuple[str, Callable[..., object], tuple[Any, ...]]] = (
-    queue.SimpleQueue()
-)
-_user_thread: threading.Thread | None = None
 
 
 def loop() -> asyncio.AbstractEventLoop:
@@ -113,23 +112,59 @@ def call_later(delay_s: float, fn: Callable[..., object], *args: Any) -> Timer:
     return timer
 
 
-def run_user(what: str, fn: Callable[..., object], *args: Any) -> None:
-    """Run user code `fn(*args)` on the user thread, after what was handed over before it.
-    `what` names it in the log if it raises."""
-    global _user_thread
-    if _user_thread is None:
-        with _lock:
-            if _user_thread is None:
-                _user_thread = threading.Thread(target=_run_user, name="actormesh-user",
-                                                daemon=True)
-                _user_thread.start()
-    _user_queue.put((what, fn, args))
+class Lane:
+    """User code (done-callbacks, `on_restart` hooks) run in the order it was handed over, on a
+    thread of its own that may wait on the mesh. Each mesh has its own lanes, so one mesh's slow
+    hook never holds up another mesh. The thread starts when work arrives and ends after a
+    while without any. A failure is logged through `logging.getLogger("actormesh")` and stops
+    nothing else."""
 
+    __slots__ = ("_lock", "_wake", "_jobs", "_worker")
 
-def _run_user() -> None:
-    while True:
-        what, fn, args = _user_queue.get()
-        try:
-            fn(*args)
-        except Exception:
-            log.exception("actormesh: %s raised", what)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._jobs: deque[tuple[str, Callable[..., object], tuple[Any, ...]]] = deque()
+        self._worker: object | None = None  # the token of the thread serving the lane
+
+    def run(self, what: str, fn: Callable[..., object], *args: Any) -> None:
+        """Run `fn(*args)` after what was handed over before it; `what` names it in the log if
+        it raises."""
+        with self._lock:
+            self._jobs.append((what, fn, args))
+            if self._worker is not None:
+                self._wake.notify()
+                return
+            token = self._worker = object()
+        self._start(token)
+
+    def abandon(self) -> None:
+        """The job running now overran its limit: leave it its thread, and run the jobs after it
+        on a new one."""
+        with self._lock:
+            self._worker = None
+            if not self._jobs:
+                return
+            token = self._worker = object()
+        self._start(token)
+
+    def _start(self, token: object) -> None:
+        threading.Thread(target=self._serve, args=(token,), name="actormesh-user",
+                         daemon=True).start()
+
+    def _serve(self, token: object) -> None:
+        while True:
+            with self._lock:
+                if self._worker is token and not self._jobs:
+                    self._wake.wait(_LANE_IDLE_S)
+                if self._worker is not token:
+                    return  # abandoned while a job overran: a new thread serves the lane
+                if not self._jobs:
+                    self._worker = None
+                    return
+                what, fn, args = self._jobs.popleft()
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("actormesh: %s raised", what)
+            del fn, args  # hold nothing of a job that ran while waiting for the next

@@ -17,7 +17,7 @@ from . import _loop, _native, _ray
 from ._actor import RUN, Identity, check_init_args, method_def, remote_class
 from ._balancer import ActorLoad, BalancerSpec, make_scheduler
 from ._calls import Router
-from ._failures import ActorStates
+from ._failures import ON_RESTART_TIMEOUT_S, ActorStates
 from ._future import MeshFuture, ValueMesh
 from ._method import CallOptions, MeshMethod, Target, check_timeout
 from ._placement import Placed, Placement
@@ -84,14 +84,16 @@ class ActorMesh(Selectable, Generic[T]):
         restart_timeout_s: float = 60.0,
         name: str | None = None,
         on_restart: Callable[[ActorMesh[T]], object] | None = None,
+        on_restart_timeout_s: float = ON_RESTART_TIMEOUT_S,
     ) -> None:
         """Validate everything, then start one actor per point of `shape`.
 
         With `max_restarts` (-1: forever) an actor that dies comes back with the same rank,
-        coordinates and environment; `choose` waits up to `restart_timeout_s` for it when no
-        other actor can take a call. `on_restart(view)` then runs, with the one-actor view of
-        it, on the library's user thread (it may call the mesh and wait, e.g. to make the actor
-        rejoin a collective group), before `choose` routes to the actor again.
+        coordinates and environment; `choose` waits up to `restart_timeout_s` for it to be back
+        when no other actor can take a call. `on_restart(view)` then runs, with the one-actor
+        view of it, on a user thread of this mesh (it may call the mesh and wait, e.g. to make
+        the actor rejoin a collective group), before `choose` routes to the actor again; after
+        `on_restart_timeout_s` the actor is routed to anyway (the overrun is logged).
         """
         if not isinstance(actor_cls, type):
             raise TypeError(f"ActorMesh needs a class, got {actor_cls!r}")
@@ -103,6 +105,7 @@ class ActorMesh(Selectable, Generic[T]):
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < -1:
             raise ValueError(f"max_restarts={max_restarts!r}: must be an int >= -1 (-1: forever)")
         check_timeout("restart_timeout_s", restart_timeout_s)
+        check_timeout("on_restart_timeout_s", on_restart_timeout_s)
         if on_restart is not None:
             if not callable(on_restart):
                 raise TypeError(f"on_restart={on_restart!r}: must be a callable taking the view")
@@ -145,6 +148,7 @@ class ActorMesh(Selectable, Generic[T]):
         self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full,
                              _router(handles, full, scheduler, restart_timeout_s), label, RUN),
                        handles, placed, on_restart, owned=True)
+        self._root.router.failures.on_restart_timeout_s = on_restart_timeout_s
 
     @classmethod
     def from_actors(

@@ -8,6 +8,10 @@
   count, dead) within milliseconds. It is how a mesh sees an
   idle actor die or come back without keeping a call pending on it (which would need a
   concurrency group, and that moves a synchronous actor's methods off its `__init__` thread).
+- `cancellable(handle)`: whether `ray.cancel` may be used on the actor's calls.
+
+These need Ray 2.60 or newer (`ObjectRef._on_ready` first shipped there): `require` refuses an
+older Ray when actormesh is imported, naming the version found.
 """
 
 from __future__ import annotations
@@ -31,6 +35,25 @@ FAILED = 5  # any other error (an object lost, a serialisation failure, ...)
 # Ray's ErrorType numbers (ray.core.generated.common_pb2.ErrorType), as object metadata carries
 # them: an object holding an error has the number as the first field of its metadata.
 _KINDS = {0: DIED, 1: DIED, 3: RAISED, 5: CANCELLED, 15: DIED, 23: DIED, 25: UNAVAILABLE}
+
+MIN_RAY = (2, 60)
+
+
+def require(version: str, object_ref: type) -> None:
+    """Raise ImportError, naming what was found, unless this Ray has what actormesh uses."""
+    numbers = []
+    for part in version.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        numbers.append(int(digits) if digits else 0)
+    if tuple(numbers) < MIN_RAY or not hasattr(object_ref, "_on_ready"):
+        raise ImportError(
+            f"actormesh needs ray>={MIN_RAY[0]}.{MIN_RAY[1]} (found ray {version}): it watches "
+            "every call with ObjectRef._on_ready and follows actors on the GCS actor channel, "
+            f"which older releases lack. Upgrade: pip install 'ray>={MIN_RAY[0]}.{MIN_RAY[1]}'"
+        )
+
+
+require(ray.__version__, ray.ObjectRef)
 
 try:
     _worker: Any = importlib.import_module("ray._private.worker")
@@ -116,6 +139,15 @@ def _reason(data: Any) -> str:
         return str(context.error_message) if context.error_message else ""
     except AttributeError:
         return ""
+
+
+def cancellable(handle: Any) -> bool:
+    """Whether calls to this actor may be cancelled with `ray.cancel`: an async or threaded
+    actor (out-of-order execution) drops a cancelled call cleanly. An in-order (synchronous)
+    actor runs a call it holds anyway, and Ray 2.60 cancelling one not yet delivered leaves a
+    gap in the actor's sequence numbers: it waits 30 s for the missing call, then fails every
+    call queued behind it."""
+    return bool(getattr(handle, "_ray_allow_out_of_order_execution", False))
 
 
 def actor_id(handle: Any) -> bytes:

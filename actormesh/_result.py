@@ -1,7 +1,7 @@
 """`Result`: a value or an error that arrives once, from any thread.
 
 The subset of `concurrent.futures.Future` the call path uses (`done`, `result`, `exception`,
-`add_done_callback`, `set_result`, `set_exception`), with the same meaning, in one slotted object
+`add_done_callback`, `remove_done_callback`, `set_result`, `set_exception`), with the same meaning, in one slotted object
 and no lock of its own until somebody waits. A `concurrent.futures.Future` brings a `Condition`
 (an RLock and two lists) per call: with thousands of calls in flight those are containers the
 garbage collector walks again and again, which cost a `choose` about twice its Python time
@@ -76,6 +76,18 @@ class Result(Generic[T]):
                 self._callbacks.append(callback)
                 return
         _run(callback, self)
+
+    def remove_done_callback(self, callback: Callable[[Result[T]], object]) -> bool:
+        """Forget a callback not yet run (its waiter gave up), so that nothing of it stays
+        behind; False if it was not pending."""
+        with _settling:
+            if self._callbacks is None:
+                return False
+            for i, pending in enumerate(self._callbacks):
+                if pending is callback:
+                    del self._callbacks[i]
+                    return True
+        return False
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until settled; False if `timeout` seconds passed first."""

@@ -15,6 +15,7 @@ import gc
 import logging
 import queue
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 from ray.exceptions import ActorDiedError as RayActorDiedError
-from ray.exceptions import RayTaskError
+from ray.exceptions import ActorUnavailableError, RayTaskError, TaskCancelledError
 
 import actormesh as am
 from actormesh import _calls, _future, _loop, _native, _ray
@@ -43,16 +44,25 @@ class FakeRef:
         self.value: Any = None
         self.error: BaseException | None = None
         self.kind = _ray.OK
+        self.cancelled = False  # `ray.cancel` was called on it
+        handle.harness.on_sent(self)
 
     def _on_ready(self, callback: Callable[[BaseException | None], None]) -> None:
+        self.harness.on_ready(self)
         self.callback = callback
+
+    @property
+    def harness(self) -> Harness:
+        return self.handle.harness
 
 
 class FakeHandle:
-    def __init__(self, actor: int, harness: Harness) -> None:
+    def __init__(self, actor: int, harness: Harness, *, in_order: bool) -> None:
         self.actor = actor
         self.harness = harness
         self.sent: list[FakeRef] = []
+        # What Ray's handle says of an async actor (False: a synchronous one).
+        self._ray_allow_out_of_order_execution = not in_order
 
     def __getattr__(self, method: str) -> Any:
         handle = self
@@ -72,9 +82,10 @@ class Harness:
     """A router over fake handles, a `MeshMethod` to call through, and a "Ray" thread."""
 
     def __init__(self, actors: int, *, balancer: Any = "least_loaded",
-                 max_in_flight: int | None = None, restart_timeout_s: float = 60.0) -> None:
+                 max_in_flight: int | None = None, restart_timeout_s: float = 60.0,
+                 in_order: bool = False) -> None:
         self.sent_from: list[str] = []
-        self.handles = [FakeHandle(a, self) for a in range(actors)]
+        self.handles = [FakeHandle(a, self, in_order=in_order) for a in range(actors)]
         shape = Shape({"rank": actors})
         scheduler = make_scheduler(actors, balancer, max_in_flight)
         self.router = Router(self.handles, [Point(r, shape) for r in range(actors)], scheduler,
@@ -82,6 +93,9 @@ class Harness:
                              restart_timeout_s=restart_timeout_s)
         self.target = Target(shape, tuple(range(actors)), self.router, "Fake", "Fake")
         self.ray_thread = _RayThread()
+        # What a test does as a call is sent (`ref` made) and as its end is watched.
+        self.on_sent: Callable[[FakeRef], None] = lambda ref: None
+        self.on_ready: Callable[[FakeRef], None] = lambda ref: None
 
     def method(self, name: str = "f", **options: Any) -> MeshMethod[..., Any]:
         return MeshMethod(self.target, name, CallOptions(**options))
@@ -100,12 +114,17 @@ class Harness:
     def finish(self, ref: FakeRef, value: Any = None, *, kind: int = _ray.OK,
                error: BaseException | None = None, lost: BaseException | None = None) -> None:
         """End the call behind `ref` on the "Ray" thread: a value, an error of `kind`, or
-        (`lost`) a value that will never exist."""
+        (`lost`) a value that will never exist; then let the loop thread catch up."""
+        self.end(ref, value, kind=kind, error=error, lost=lost)
+        settle()
+
+    def end(self, ref: FakeRef, value: Any = None, *, kind: int = _ray.OK,
+            error: BaseException | None = None, lost: BaseException | None = None) -> None:
+        """`finish` without waiting for the loop thread (a test may be holding it)."""
         ref.value, ref.kind, ref.error = value, kind, error
         callback, ref.callback = ref.callback, None
         assert callback is not None, "a call ended twice"
         self.ray_thread.run(lambda: callback(lost))
-        settle()
 
     def finish_all(self, actor: int, value: Any = None) -> None:
         for ref in self.pending(actor):
@@ -147,6 +166,10 @@ def settle() -> None:
         _loop.submit(asyncio.sleep(0)).result(10)
 
 
+def _fake_cancel(ref: FakeRef, **_: Any) -> None:
+    ref.cancelled = True
+
+
 def _fake_get(ref: Any, timeout: float | None = None) -> Any:
     if isinstance(ref, list):
         return [_fake_get(r) for r in ref]
@@ -158,7 +181,7 @@ def _fake_get(ref: Any, timeout: float | None = None) -> Any:
 @pytest.fixture(autouse=True)
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Reads go to the fake refs; the outcome of a call is the one the test gave it."""
-    fake = types.SimpleNamespace(get=_fake_get)
+    fake = types.SimpleNamespace(get=_fake_get, cancel=_fake_cancel)
     monkeypatch.setattr(_calls, "ray", fake)
     monkeypatch.setattr(_future, "ray", fake)
     monkeypatch.setattr(_ray, "outcome", lambda ref: ref.kind)
@@ -356,7 +379,7 @@ def test_all_fails_at_the_first_error_and_later_ends_free_their_slots() -> None:
     assert_idle(h)
 
 
-def test_all_combines_on_the_loop_thread_in_rank_order() -> None:
+def test_all_combines_in_rank_order() -> None:
     h = Harness(3)
     future = h.method().all(1)
     for actor in (2, 0, 1):
@@ -623,3 +646,390 @@ def test_views_that_are_gone_leave_no_group_behind() -> None:
     gc.collect()
     settle()
     assert h.scheduler.num_groups() == 1  # only the whole mesh: decisions cost what they did
+
+
+# -- cancellation reaches the actor -----------------------------------------------------------
+def test_cancelling_a_sent_call_cancels_it_in_its_actor_and_frees_its_slot_when_it_ends() -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+    [ref] = h.pending(0)
+    future.cancel()
+    assert ref.cancelled
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    assert h.scheduler.in_flight() == [1]  # until Ray says it ended
+    h.finish(ref, kind=_ray.CANCELLED, error=TaskCancelledError())
+    assert_idle(h)
+
+
+def test_a_call_sent_to_a_synchronous_actor_is_not_cancelled_there_but_its_result_dropped(
+) -> None:
+    h = Harness(1, in_order=True)  # Ray 2.60 stalls such an actor when one of its calls is cancelled
+    future = h.method().choose(1)
+    future.cancel()
+    [ref] = h.pending(0)
+    assert not ref.cancelled
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    h.finish(ref, "dropped")
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    assert_idle(h)
+
+
+def test_a_call_that_timed_out_is_cancelled_in_its_actor() -> None:
+    h = Harness(1)
+    future = h.method(timeout=0.05).choose(1)
+    with pytest.raises(am.MeshTimeoutError):
+        future.get(timeout=5)
+    [ref] = h.pending(0)
+    assert ref.cancelled
+    h.finish(ref, kind=_ray.CANCELLED, error=TaskCancelledError())
+    assert_idle(h)
+
+
+def test_calls_cancelled_in_their_actor_do_not_count_as_its_failures() -> None:
+    h = Harness(1)
+    for i in range(8):
+        future = h.method().choose(i)
+        future.cancel()
+        h.finish(h.pending(0)[0], kind=_ray.CANCELLED, error=TaskCancelledError())
+    assert h.scheduler.ejected() == [False]  # 5 failures in a row would eject it
+    assert_idle(h)
+
+
+def test_a_call_cancelled_while_its_retry_waits_is_never_sent_again() -> None:
+    """Issue 25, finding 7: the retry of a lost call skipped the check that it was cancelled."""
+    h = Harness(2)
+    future = h.method(retries=1).choose(4)
+    first = next(a for a in (0, 1) if h.pending(a))
+    held, release = threading.Event(), threading.Event()
+    _loop.post(lambda: (held.set(), release.wait(10)))  # the retry waits behind this
+    assert held.wait(10)
+    h.end(h.pending(first)[0], kind=_ray.DIED, error=RayActorDiedError())
+    future.cancel()
+    release.set()
+    settle()
+    assert sum(len(handle.sent) for handle in h.handles) == 1
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    assert_idle(h)
+
+
+def test_a_call_cancelled_while_it_is_being_sent_is_cancelled_in_its_actor() -> None:
+    h = Harness(2)
+    future = h.method(retries=1).choose(4)
+    first = next(a for a in (0, 1) if h.pending(a))
+    h.on_sent = lambda ref: future.cancel()  # the resend races with a cancel
+    h.finish(h.pending(first)[0], kind=_ray.DIED, error=RayActorDiedError())
+    [resent] = h.pending(1 - first)
+    assert resent.cancelled
+    h.finish(resent, kind=_ray.CANCELLED, error=TaskCancelledError())
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    assert_idle(h)
+
+
+def test_a_call_whose_end_cannot_be_watched_fails_and_gives_its_slot_back() -> None:
+    h = Harness(1)
+
+    def refuse(ref: FakeRef) -> None:
+        raise RuntimeError("cannot watch this ref")
+
+    h.on_ready = refuse
+    future = h.method().choose(1)
+    with pytest.raises(RuntimeError, match="cannot watch"):
+        future.get(timeout=5)
+    assert_idle(h)
+
+
+def test_calls_given_a_slot_just_before_shutdown_are_never_sent() -> None:
+    h = Harness(1, max_in_flight=1)
+    running = h.method().choose(1)
+    queued = h.method().choose(2)
+    held, release = threading.Event(), threading.Event()
+    _loop.post(lambda: (held.set(), release.wait(10)))  # the send of the queued call waits
+    assert held.wait(10)
+    h.end(h.pending(0)[0], "one")  # frees the slot: the queued call is handed over to send
+    h.router.close("the mesh is gone")
+    release.set()
+    settle()
+    assert [r.args for r in h.handles[0].sent] == [(1,)]
+    assert running.get(timeout=5) == "one"
+    with pytest.raises(am.MeshError, match="shut down"):
+        queued.get(timeout=5)
+    assert h.scheduler.in_flight() == [0]
+
+
+def test_awaiting_with_a_timeout_leaves_nothing_behind() -> None:
+    """Issue 25, finding 10: every timed-out await left a callback on the call."""
+    h = Harness(1)
+    future = h.method().choose(1)
+
+    async def impatient() -> None:
+        for _ in range(2000):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(future, 0.0001)
+
+    asyncio.run(impatient())
+    assert not future._calls[0].future._callbacks
+    h.finish_all(0, "late")
+    assert future.get(timeout=5) == "late"
+
+
+# -- values are read and combined by their readers, never on the loop thread --------------------
+class Held(am.Dispatch):
+    """Each actor gets the argument; `collect` runs `during` first (which may wait)."""
+
+    def __init__(self, during: Callable[[], object]) -> None:
+        self.during = during
+        self.collected: list[str] = []
+
+    def split(self, shape: am.Shape, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> dict[int, tuple[tuple[Any, ...], dict[str, Any]]]:
+        return {p: (args, kwargs) for p in range(shape.size)}
+
+    def collect(self, results: Any) -> Any:
+        self.collected.append(threading.current_thread().name)
+        self.during()
+        return sorted(results.values())
+
+
+def test_a_slow_collect_delays_no_timeout_of_another_mesh() -> None:
+    """Issue 25, finding 2: the collect ran on the loop thread, which times every call."""
+    slow_mesh, other = Harness(2), Harness(1)
+    release = threading.Event()
+    dispatch = Held(lambda: release.wait(10))
+    slow = slow_mesh.method(dispatch=dispatch).shard(1)
+    slow_mesh.finish_all(0, "a")
+    slow_mesh.finish_all(1, "b")
+    reader = cf.ThreadPoolExecutor(1).submit(slow.get, 20)
+    try:
+        with pytest.raises(am.MeshTimeoutError):
+            other.method(timeout=0.05).choose(1).get(timeout=5)
+    finally:
+        release.set()
+    assert reader.result(10) == ["a", "b"]
+    assert dispatch.collected and "actormesh-loop" not in dispatch.collected
+    other.finish_all(0, "late")
+
+
+def test_a_collect_may_call_the_mesh_and_wait() -> None:
+    h = Harness(2)
+
+    def call_the_mesh() -> None:
+        inner = h.method().choose(3)
+        threading.Thread(target=lambda: h.finish_all(next(a for a in (0, 1) if h.pending(a)),
+                                                     "inner")).start()
+        assert inner.get(timeout=5) == "inner"
+
+    future = h.method(dispatch=Held(call_the_mesh)).shard(1)
+    h.finish_all(0, "a")
+    h.finish_all(1, "b")
+    assert future.get(timeout=10) == ["a", "b"]
+    assert_idle(h)
+
+
+def test_all_is_read_and_combined_once_for_every_reader() -> None:
+    h = Harness(2)
+    dispatch = Held(lambda: None)
+    future = h.method(dispatch=dispatch).shard(1)
+    h.finish_all(0, "a")
+    h.finish_all(1, "b")
+    readers = cf.ThreadPoolExecutor(4)
+    results = list(readers.map(lambda _: future.get(timeout=5), range(8)))
+
+    async def awaited() -> Any:
+        return await future
+
+    assert results == [["a", "b"]] * 8 and asyncio.run(awaited()) == ["a", "b"]
+    assert len(dispatch.collected) == 1 and "actormesh-loop" not in dispatch.collected
+
+
+def test_awaiting_all_combines_off_the_event_loop_thread() -> None:
+    h = Harness(2)
+    dispatch = Held(lambda: None)
+    future = h.method(dispatch=dispatch).shard(1)
+    h.finish_all(0, "a")
+    h.finish_all(1, "b")
+
+    async def awaited() -> tuple[Any, str]:
+        return await future, threading.current_thread().name
+
+    value, loop_thread = asyncio.run(awaited())
+    assert value == ["a", "b"] and dispatch.collected[0] not in (loop_thread, "actormesh-loop")
+
+
+# -- liveness: the interleavings of issue 25 through the real scheduler -------------------------
+def restart(h: Harness, actor: int, epoch: int) -> None:
+    """Ray's notices of a restart: the actor goes, then incarnation `epoch` answers."""
+    _loop.post(h.router.failures.on_state, actor, _ray.RESTARTING, epoch, "")
+    _loop.post(h.router.failures.on_state, actor, _ray.ALIVE, epoch, "")
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        settle()
+        if condition():
+            return
+    raise AssertionError("condition not met")
+
+
+def test_an_actor_that_dies_for_good_during_its_hook_stays_out_of_rotation() -> None:
+    """Issue 25, finding 3: the end of the hook re-admitted a dead actor."""
+    h = Harness(2)
+    release, started = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    def hook(actor: int) -> None:
+        if actor == 1:
+            started.set()
+            assert release.wait(10)
+        ran.append(actor)
+
+    h.router.failures.on_restart = hook
+    restart(h, 1, 1)
+    assert started.wait(10)
+    _loop.post(h.router.failures.on_state, 1, _ray.DEAD, 1, "killed")
+    wait_for(lambda: h.scheduler.status() == ["alive", "dead"])
+    release.set()
+    restart(h, 0, 1)  # hooks of one mesh run in order: this one runs after actor 1's ended
+    wait_for(lambda: ran == [1, 0] and h.scheduler.status()[0] == "alive")
+    assert h.scheduler.status() == ["alive", "dead"]
+    with pytest.raises(am.NoLiveActorsError):
+        h.view(1).choose(1).get(timeout=5)
+
+
+def test_the_restart_timer_stops_when_the_actor_is_back_not_when_its_hook_returns() -> None:
+    """Issue 25, finding 4: a hook longer than restart_timeout_s failed the waiting calls."""
+    h = Harness(1, restart_timeout_s=0.05)
+    release, started = threading.Event(), threading.Event()
+    h.router.failures.on_restart = lambda actor: (started.set(), release.wait(10))
+    _loop.post(h.router.failures.on_state, 0, _ray.RESTARTING, 1, "")
+    settle()
+    waiting = h.method().choose(5)
+    _loop.post(h.router.failures.on_state, 0, _ray.ALIVE, 1, "")
+    assert started.wait(10)
+    began = time.monotonic()
+    wait_for(lambda: time.monotonic() - began > 0.25)  # five restart timeouts into the hook
+    assert not waiting.done()
+    release.set()
+    wait_for(lambda: bool(h.pending(0)))
+    h.finish_all(0, "served")
+    assert waiting.get(timeout=5) == "served"
+
+
+def test_a_transient_loss_is_settled_by_a_state_read_retried_until_it_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25, finding 8: one failed state read after a transient loss left the actor out."""
+    h = Harness(1)
+    h.router.failures._actor_ids = [b"actor-0"]
+    reads: list[bytes] = []
+
+    async def state(actor_id: bytes) -> tuple[int, int, str]:
+        reads.append(actor_id)
+        if len(reads) == 1:
+            raise ConnectionError("the GCS is busy")
+        return _ray.ALIVE, 0, ""
+
+    monkeypatch.setattr(_ray, "actor_state", state)
+    lost = h.method().choose(1)
+    h.finish(h.pending(0)[0], kind=_ray.UNAVAILABLE, error=ActorUnavailableError("unreachable", None))
+    with pytest.raises(am.ActorDiedError):
+        lost.get(timeout=5)
+    wait_for(lambda: len(reads) == 2 and h.scheduler.status() == ["alive"])
+    again = h.method().choose(2)
+    [ref] = h.pending(0)
+    h.finish(ref, "fine")
+    assert again.get(timeout=5) == "fine"
+
+
+class _HeldMark:
+    """The scheduler, except that a mark made on the completion thread waits for the test."""
+
+    def __init__(self, scheduler: _native.Scheduler) -> None:
+        self._scheduler = scheduler
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def mark_dead(self, actor: int, restarting: bool = False) -> Any:
+        if threading.current_thread().name == "fake-ray":
+            self.reached.set()
+            assert self.go.wait(10)
+        return self._scheduler.mark_dead(actor, restarting)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scheduler, name)
+
+
+def test_a_loss_marked_after_a_new_incarnation_was_admitted_does_not_strand_it() -> None:
+    """Issue 25, finding 9: the completion thread checked incarnation 0 alive, the loop admitted
+    incarnation 1, then the mark landed on it: it stayed "restarting" and took no call again."""
+    h = Harness(1)
+    doomed = h.method().choose(1)
+    held = _HeldMark(h.scheduler)
+    h.router.failures._scheduler = held  # type: ignore[assignment]
+    ref = h.pending(0)[0]
+    ender = threading.Thread(target=h.finish, args=(ref,),
+                             kwargs={"kind": _ray.DIED, "error": RayActorDiedError()})
+    ender.start()
+    assert held.reached.wait(10)
+    restart(h, 0, 1)
+    wait_for(lambda: h.scheduler.status() == ["alive"])
+    held.go.set()
+    ender.join(10)
+    with pytest.raises(am.ActorDiedError):
+        doomed.get(timeout=5)
+    wait_for(lambda: h.scheduler.status() == ["alive"])
+    fresh = h.method().choose(2)
+    [sent] = h.pending(0)
+    assert sent.args == (2,)
+    h.finish(sent, "served")
+    assert fresh.get(timeout=5) == "served"
+
+
+def test_one_mesh_s_slow_hook_holds_up_neither_another_mesh_s_restart_nor_its_callbacks() -> None:
+    """Issue 25, finding 5: one user thread ran every mesh's hooks and callbacks in turn."""
+    slow, quick = Harness(1), Harness(1)
+    release, slow_started, quick_hooked = threading.Event(), threading.Event(), threading.Event()
+    slow.router.failures.on_restart = lambda actor: (slow_started.set(), release.wait(20))
+    quick.router.failures.on_restart = lambda actor: quick_hooked.set()
+    try:
+        restart(slow, 0, 1)
+        assert slow_started.wait(10)
+        restart(quick, 0, 1)
+        assert quick_hooked.wait(5)
+        wait_for(lambda: quick.scheduler.status() == ["alive"])
+        called = threading.Event()
+        future = quick.method().choose(1)
+        future.add_done_callback(lambda _: called.set())
+        quick.finish_all(0, 1)
+        assert called.wait(5)
+    finally:
+        release.set()
+
+
+def test_a_hook_that_overruns_its_limit_is_logged_and_its_actor_used_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(2)
+    failures = h.router.failures
+    failures.on_restart_timeout_s = 0.05
+    release = threading.Event()
+    ran: list[int] = []
+
+    def hook(actor: int) -> None:
+        ran.append(actor)
+        if actor == 0:
+            assert release.wait(10)
+
+    failures.on_restart = hook
+    try:
+        with caplog.at_level(logging.ERROR, logger="actormesh"):
+            restart(h, 0, 1)
+            wait_for(lambda: h.scheduler.status()[0] == "alive")
+            restart(h, 1, 1)  # the next hook runs although the first still waits
+            wait_for(lambda: ran == [0, 1] and h.scheduler.status() == ["alive", "alive"])
+        assert "did not return within on_restart_timeout_s=0.05" in caplog.text
+    finally:
+        release.set()

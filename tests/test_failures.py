@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import gc
 import logging
 import random
 import threading
+import time
 from collections import Counter
 from typing import Any
 
 import pytest
 import ray
-from workers import ComesBackOnSignal, Worker, signal, wait_until, waiters
+from workers import AsyncWorker, ComesBackOnSignal, Worker, signal, wait_until, waiters
 
 import actormesh as am
 
@@ -240,3 +242,134 @@ def test_a_mesh_dropped_without_shutdown_is_cleaned_up() -> None:
         return False
 
     wait_until(dead)
+
+
+# -- issue 25: liveness, cancellation, chaos --------------------------------------------------
+def test_an_actor_killed_for_good_during_its_hook_is_never_routed_to_again() -> None:
+    """Finding 3: the end of the hook put the dead actor back into rotation."""
+    started, release = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    def hook(view: am.ActorMesh[Worker]) -> None:
+        rank = view.points[0].rank
+        if rank == 1:
+            started.set()
+            release.wait(60)
+        ran.append(rank)
+
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, max_restarts=1, on_restart=hook) as mesh:
+        mesh.wait_ready(60)
+        ray.kill(mesh.actors[1], no_restart=False)
+        assert started.wait(60)
+        ray.kill(mesh.actors[1], no_restart=True)
+        wait_until(lambda: mesh.load().alive == [True, False])
+        release.set()
+        ray.kill(mesh.actors[0], no_restart=False)  # its hook runs after rank 1's has ended
+        wait_until(lambda: ran == [1, 0] and mesh.load().alive[0])
+        assert mesh.load().alive == [True, False]
+        with pytest.raises(am.NoLiveActorsError):
+            mesh[1].methods.rank.choose().get(timeout=60)
+
+
+def test_cancelling_a_call_cancels_it_in_an_async_actor() -> None:
+    """Finding 6: `cancel()` never reached the actor."""
+    with am.ActorMesh(AsyncWorker, shape=1, num_cpus=0.1) as mesh:
+        sig = signal()
+        future = mesh.methods.cancellable.choose(sig)
+        waiters(sig, 1)
+        future.cancel()
+        with pytest.raises(cf.CancelledError):
+            future.get(timeout=60)
+        wait_until(lambda: mesh.methods.cancelled.choose().get(timeout=60))
+        wait_until(lambda: mesh.load() == [0])
+        sig.send.remote()
+
+
+def test_a_call_that_times_out_is_cancelled_in_an_async_actor() -> None:
+    with am.ActorMesh(AsyncWorker, shape=1, num_cpus=0.1) as mesh:
+        mesh.wait_ready(60)
+        sig = signal()
+        future = mesh.methods.cancellable.options(timeout=3).choose(sig)
+        waiters(sig, 1)  # it runs: the timeout cancels it there
+        with pytest.raises(am.MeshTimeoutError):
+            future.get(timeout=60)
+        wait_until(lambda: mesh.methods.cancelled.choose().get(timeout=60))
+        sig.send.remote()
+
+
+def test_cancelled_calls_of_a_sync_actor_run_their_results_dropped_and_never_stall_it() -> None:
+    """A synchronous actor runs its calls in order; Ray 2.60 stalls it for 30 s when a call not
+    yet delivered to it is cancelled, so its cancelled calls run, their results dropped."""
+    with am.ActorMesh(Worker, shape=1, num_cpus=0.1, balancer="least_loaded") as mesh:
+        sig = signal()
+        running = mesh.methods.block.choose(sig)
+        waiters(sig, 1)
+        queued = [mesh.methods.f.choose(i) for i in range(6)]
+        for future in queued:
+            future.cancel()
+        sig.send.remote()
+        assert running.get(timeout=60) == 0
+        for future in queued:
+            with pytest.raises(cf.CancelledError):
+                future.get(timeout=60)
+        wait_until(lambda: mesh.load() == [0])
+        assert not mesh.load().actors[0].ejected
+        assert mesh.methods.f.choose(3).get(timeout=60) == 3
+
+
+def test_chaos_no_call_hangs_runs_twice_without_retries_or_goes_to_a_dead_actor(
+    tmp_path: Any,
+) -> None:
+    """6 actors restarting forever, one killed every 200 ms, hooks of a second (longer than
+    nothing else waits), 3,000 calls with and without retries: every call ends, every slot comes
+    back, a call without retries runs at most once (the actors log each run to a file, which
+    outlives them), and only calls in flight at a kill fail with it."""
+    path = str(tmp_path / "runs")
+    slots, kills_wanted = 4, 15
+
+    def hook(view: am.ActorMesh[Worker]) -> None:
+        list(view.methods.rank.all().get(timeout=60))  # the hook calls the actor, then works
+        time.sleep(1.0)
+
+    with am.ActorMesh(Worker, shape=6, num_cpus=0.1, max_restarts=-1, max_in_flight=slots,
+                      restart_timeout_s=5.0, on_restart=hook) as mesh:
+        mesh.wait_ready(60)
+        rng = random.Random(25)
+        kills: list[int] = []
+        stop = threading.Event()
+
+        def killer() -> None:
+            while len(kills) < kills_wanted and not stop.wait(0.2):
+                victim = rng.randrange(6)
+                ray.kill(mesh.actors[victim], no_restart=False)
+                kills.append(victim)
+
+        chaos = threading.Thread(target=killer)
+        chaos.start()
+        try:
+            calls = [(i, 3 if i % 2 else 0,
+                      mesh.methods.logged.options(retries=3 if i % 2 else 0).choose(
+                          i, path, 0.002))
+                     for i in range(3000)]
+            outcomes: dict[int, Any] = {}
+            for i, _, future in calls:
+                try:
+                    outcomes[i] = future.get(timeout=120)
+                except (am.ActorDiedError, am.NoLiveActorsError) as err:
+                    outcomes[i] = err
+        finally:
+            stop.set()
+            chaos.join(30)
+        wait_until(lambda: all(mesh.load().alive), timeout=120)
+        wait_until(lambda: mesh.load() == [0] * 6)
+        with open(path) as log:
+            runs = Counter(int(line) for line in log if line.strip())
+        failed = [i for i, outcome in outcomes.items() if isinstance(outcome, BaseException)]
+        assert not [i for i in failed if isinstance(outcomes[i], am.NoLiveActorsError)]
+        for i, retries, _ in calls:
+            if not isinstance(outcomes[i], BaseException):
+                assert outcomes[i] == i and runs[i] >= 1
+            if not retries:
+                assert runs[i] <= 1, (i, runs[i])
+        assert len(kills) == kills_wanted
+        assert len(failed) <= len(kills) * slots, (len(failed), kills)

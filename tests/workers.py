@@ -96,6 +96,15 @@ class Worker:
         return dict(self.executions)
 
     @am.method
+    def logged(self, x: int, path: str, seconds: float) -> int:
+        """Appends x to the file at `path` (a record that outlives a killed actor), sleeps,
+        returns x."""
+        with open(path, "a") as log:
+            log.write(f"{x}\n")
+        time.sleep(seconds)
+        return x
+
+    @am.method
     def fail_on(self, rank: int, seconds: float) -> int:
         """Raises at once on `rank`; elsewhere sleeps `seconds` and returns the rank."""
         me = am.current_rank().rank
@@ -213,6 +222,20 @@ class AsyncWorker:
     @am.method
     async def most_overlapping(self) -> int:
         return getattr(self, "most", 0)
+
+    @am.method
+    async def cancellable(self, sig: Any) -> str:
+        """Waits for `sig`; a cancellation is recorded (see `cancelled`) and raised on."""
+        try:
+            await sig.wait.remote()
+        except asyncio.CancelledError:
+            self.was_cancelled = True
+            raise
+        return "not cancelled"
+
+    @am.method
+    async def cancelled(self) -> bool:
+        return getattr(self, "was_cancelled", False)
 
     @am.method
     async def g(self, x: int) -> str:
