@@ -4,6 +4,7 @@ routing, pauses, weights and failover on real actors with deterministic fake eng
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,9 +15,12 @@ import pytest
 import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vllm_faults import FlakyEngine, arm
+from workers import wait_until
 
 import actormesh as am
-from actormesh.integrations.vllm import EnginePool, FakeEngine, Piece
+from actormesh.integrations.trainer import AsyncTrainer, RolloutError
+from actormesh.integrations.vllm import EnginePool, FakeEngine, Piece, WeightUpdateError
 from actormesh.integrations.vllm import _weights as weights_mod
 from actormesh.integrations.vllm._requests import (
     Sequence,
@@ -137,7 +141,8 @@ def test_packed_weights_round_trip_in_the_checkpoint_dtype() -> None:
 # -- the pool on fake engines -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pool(ray_cluster: None) -> Iterator[EnginePool]:
-    with EnginePool("fake", 3, engine_cls=FakeEngine, num_cpus=0.25, max_restarts=1,
+    # FlakyEngine: a FakeEngine whose weight loads fail only where a test arms them.
+    with EnginePool("fake", 3, engine_cls=FlakyEngine, num_cpus=0.25, max_restarts=2,
                     engine_args={"step_s": 0.004, "max_num_seqs": 2}) as p:
         p.wait_ready(timeout=120)
         yield p
@@ -339,6 +344,83 @@ def test_a_killed_engine_loses_no_request_and_comes_back_restored(pool: EnginePo
     finally:
         original = fake_checkpoint(fake_spec())
         pool.update_weights({"lm_head.weight": original["lm_head.weight"]}).get(timeout=60)
+
+
+def _served_by_each(pool: EnginePool, max_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """(tokens, weight versions) of one greedy request sent to each engine directly."""
+    request = Sequence(PROMPT, check_sampling({"max_tokens": max_tokens})).request("direct")
+    pieces = [pool.mesh[rank].methods.generate.choose([request]).get(timeout=120)[0]
+              for rank in range(pool.mesh.size)]
+    return [(p.token_ids, p.versions) for p in pieces]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_load_failing_on_one_engine_is_undone_everywhere_and_its_version_never_reused(
+    pool: EnginePool,
+) -> None:
+    """Issue 25, finding 1: engine 0 kept serving the new weights as version 1 while engine 1
+    served the old ones, and the next update was numbered 1 again."""
+    served = pool.weight_version
+    arm_load = pool.mesh[1].run_in_actors(arm, "raise")
+    arm_load.get(timeout=60)
+    rigged = np.full((1000, 8), 0.5, np.float32)
+    with pytest.raises(WeightUpdateError, match="engine 1 failed .*could not load") as info:
+        pool.update_weights({"lm_head.weight": rigged}).get(timeout=60)
+    report = info.value.report
+    assert report.version > served and not report.committed
+    assert [(e.rank, e.outcome, e.restored) for e in report.engines] == [
+        (0, "loaded", "rolled back"), (1, "failed", "rolled back"), (2, "loaded", "rolled back")]
+    assert pool.weight_version == served
+    assert pool.stats()["weight_update"] == report
+    want = reference(PROMPT, 6)[0]
+    assert _served_by_each(pool, 6) == [(want, [served] * 6)] * 3  # one weight set, one label
+    original = fake_checkpoint(fake_spec())["lm_head.weight"]
+    assert pool.update_weights({"lm_head.weight": original}).get(timeout=60) == report.version + 1
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_load_that_times_out_restarts_its_engine_and_the_update_is_undone(
+    pool: EnginePool,
+) -> None:
+    served = pool.weight_version
+    pool.mesh[2].run_in_actors(arm, "hang").get(timeout=60)
+    rigged = np.full((1000, 8), 0.75, np.float32)
+    with pytest.raises(WeightUpdateError, match="engine 2 timed out") as info:
+        pool.update_weights({"lm_head.weight": rigged}, timeout=2).get(timeout=60)
+    assert [(e.outcome, e.restored) for e in info.value.report.engines] == [
+        ("loaded", "rolled back"), ("loaded", "rolled back"), ("timed out", "restarted")]
+    assert pool.weight_version == served
+    wait_until(lambda: all(pool.mesh.load().alive))
+    want = reference(PROMPT, 6)[0]
+    assert _served_by_each(pool, 6) == [(want, [served] * 6)] * 3
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_cancelling_a_request_aborts_it_in_its_engine(pool: EnginePool) -> None:
+    """Issue 25, finding 6: a cancelled request went on generating in its engine."""
+    future = pool.generate(PROMPT, {"max_tokens": 100_000})
+    asyncio.run(_tokens_generated(pool, 5))
+    assert future.cancel()
+    wait_until(lambda: sum(e.sequences for e in pool.stats()["engines"]) == 0)
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    wait_until(lambda: sum(pool.mesh.load()) == 0)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_trainer_rollout_that_times_out_aborts_its_request_in_the_engine(
+    pool: EnginePool,
+) -> None:
+    async def rollout(prompt: int, uid: int) -> list[int]:
+        gen = await pool.generate(PROMPT + [prompt], {"max_tokens": 100_000})
+        return gen.token_ids
+
+    trainer = AsyncTrainer(list(range(2)), rollout, lambda groups, step: None, batch_size=2,
+                           rollout_timeout_s=0.5, rollout_retries=0)
+    with pytest.raises(RolloutError, match="rollout_timeout_s=0.5"):
+        trainer.run()
+    wait_until(lambda: sum(e.sequences for e in pool.stats()["engines"]) == 0)
+    wait_until(lambda: sum(pool.mesh.load()) == 0)
 
 
 def test_a_bad_engine_class_or_argument_is_refused() -> None:

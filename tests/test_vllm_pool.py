@@ -13,8 +13,10 @@ import pytest
 import ray
 import torch
 from safetensors.torch import load_file
+from vllm_faults import fail_next_load
+from workers import wait_until
 
-from actormesh.integrations.vllm import EnginePool, Generation
+from actormesh.integrations.vllm import EnginePool, Generation, WeightUpdateError
 from actormesh.integrations.vllm._requests import Sequence, check_sampling
 from actormesh.integrations.vllm.tiny import build_tiny_llama
 
@@ -179,6 +181,37 @@ def test_an_update_while_generating_tags_later_tokens(
         assert set(gen.weight_versions[i:]) == {version}
     for got, want in zip(gens, reference):  # the same weights again: the same tokens
         assert got.token_ids == want.token_ids
+
+
+def test_cancelling_a_request_aborts_it_in_its_engine(pool: EnginePool) -> None:
+    def generated() -> int:
+        return sum(e.generated_tokens for e in pool.stats()["engines"])
+
+    start = generated()
+    future = pool.generate(PROMPTS[5], {"max_tokens": 480, "temperature": 0.0, "ignore_eos": True})
+    asyncio.run(_tokens_generated(pool, 8))
+    assert future.cancel()
+    wait_until(lambda: sum(e.sequences for e in pool.stats()["engines"]) == 0)
+    assert generated() - start < 480  # cut short in the engine, not run to its end
+
+
+def test_a_load_failing_on_one_engine_is_undone_on_the_other(
+    pool: EnginePool, reference: list[Generation], checkpoint: dict[str, torch.Tensor]
+) -> None:
+    served = pool.weight_version
+    pool.mesh[1].run_in_actors(fail_next_load).get(timeout=60)
+    rigged = torch.zeros_like(checkpoint["lm_head.weight"])
+    rigged[7] = 1.0
+    with pytest.raises(WeightUpdateError, match="engine 1 failed .*injected") as info:
+        pool.update_weights({"lm_head.weight": rigged}).get(timeout=120)
+    assert [(e.outcome, e.restored) for e in info.value.report.engines] == [
+        ("loaded", "rolled back"), ("failed", "rolled back")]
+    assert pool.weight_version == served
+    request = Sequence(PROMPTS[0], check_sampling(GREEDY)).request("after-a-failed-update")
+    for rank in (0, 1):  # both serve the weights of `served` again, labelled so
+        [piece] = pool.mesh[rank].methods.generate.choose([request]).get(timeout=120)
+        assert piece.token_ids == reference[0].token_ids
+        assert piece.versions == [served] * GREEDY["max_tokens"]
 
 
 def test_a_killed_engine_loses_no_request(pool: EnginePool, reference: list[Generation]) -> None:

@@ -11,7 +11,8 @@ with EnginePool("/path/to/model", num_engines=2) as pool:
 
 `EnginePool` runs one engine per actor of `pool.mesh` (dim `"engine"`); each request is one
 `choose` on the mesh, so the native balancer (least loaded by default) counts the requests
-outstanding per engine, and `session=` is the call's affinity key.
+outstanding per engine, and `session=` is the call's affinity key. A weight update lands on
+every live engine or is undone (`WeightUpdateError`, with each engine's `EngineUpdate`).
 
 The engine protocol (`Engine`, an async actor class taking `(model, engine_args)`):
 `generate(list[SubRequest]) -> list[Piece]` returns when every sub-request has finished or been
@@ -26,6 +27,7 @@ from ._engine import VllmEngine
 from ._pool import DIM, EnginePool, MeshOptions, PoolFuture, PoolStats
 from ._protocol import PAUSE_MODES, Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
 from ._requests import SAMPLING_FIELDS, Generation
+from ._updates import EngineUpdate, WeightUpdate, WeightUpdateError
 from .fake import FakeEngine
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "Engine",
     "EnginePool",
     "EngineStats",
+    "EngineUpdate",
     "FakeEngine",
     "Generation",
     "MeshOptions",
@@ -45,4 +48,6 @@ __all__ = [
     "SubRequest",
     "VllmEngine",
     "WeightSpec",
+    "WeightUpdate",
+    "WeightUpdateError",
 ]

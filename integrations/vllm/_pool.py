@@ -13,6 +13,12 @@ How a request travels:
 Every piece of pool state (the gate, the pause mode, calls out, kept weights) is touched on the
 pool's loop thread only; control operations (pause, resume, update, restore) run there one at a
 time under one lock. Callers on any thread get a `PoolFuture`: `.get(timeout)` or `await`.
+Cancelling one cancels its request down to the engine, which aborts it.
+
+A weight update is a transaction (`_updates`): its version is a fresh ticket; the engines pause
+("keep"), load, and generation resumes only once every live engine serves the same weights: the
+new ones, or, if any engine failed, the ones they all served before (engines that loaded are
+rolled back; one that cannot be is restarted, and restored as it comes back).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Coroutine, Generator, Hashable, Mapping
+from collections.abc import Callable, Coroutine, Generator, Hashable, Iterable, Mapping
 from typing import Any, Generic, ParamSpec, TypedDict, TypeVar
 
 import ray
@@ -35,9 +41,10 @@ from actormesh._balancer import BalancerSpec
 
 from .._checks import check_int, check_optional_int, seconds
 from .._options import ActorOptions
-from . import _weights
+from . import _updates, _weights
 from ._protocol import PAUSE_MODES, Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
 from ._requests import Generation, Sequence, check_prompt, check_sampling, group
+from ._updates import EngineUpdate, WeightUpdate, WeightUpdateError
 
 log = logging.getLogger("actormesh.vllm")
 
@@ -55,7 +62,9 @@ class MeshOptions(ActorOptions, total=False):
 
 
 class PoolFuture(Generic[R]):
-    """The pending result of a pool operation: `.get(timeout=None)`, `await`, `.done()`.
+    """The pending result of a pool operation: `.get(timeout=None)`, `await`, `.done()`,
+    `.cancel()`. Cancelling a request (or the task that awaits it, as `asyncio.wait_for` does
+    when it times out) cancels it down to its engine, which aborts it.
 
     Done-callbacks run on the pool's loop thread: keep them short.
     """
@@ -85,7 +94,8 @@ class PoolFuture(Generic[R]):
         self._future.add_done_callback(lambda _: fn(self))
 
     def cancel(self) -> bool:
-        """Stop waiting: the caller gets `CancelledError`; a call already at an engine runs on."""
+        """Cancel the operation: the caller gets `CancelledError`, and a request already at an
+        engine is aborted there. False if it had finished."""
         return self._future.cancel()
 
     def __repr__(self) -> str:
@@ -104,6 +114,7 @@ class PoolStats(TypedDict):
     interruptions: int
     failovers: int
     engines: list[EngineStats]
+    weight_update: WeightUpdate | None  # the last update's report, per engine
 
 
 class EnginePool:
@@ -174,7 +185,10 @@ class EnginePool:
         self._interruptions = 0
         self._failovers = 0
         self._spec: WeightSpec | None = None
-        self._kept: dict[str, Any] = {}
+        self._kept: dict[str, Any] = {}  # the weights every engine serves, where not the checkpoint's
+        self._issued = 0  # the last weight version handed out (loaded or not): never again
+        self._last_update: WeightUpdate | None = None
+        self._restarts = options.get("max_restarts", 0) != 0
 
         if options.get("max_restarts", 0) != 0:
             options["on_restart"] = self._on_restart
@@ -254,6 +268,9 @@ class EnginePool:
             self._idle.clear()
             try:
                 pieces: list[Piece] = await future
+            except asyncio.CancelledError:  # the caller cancelled: the engine aborts the request
+                future.cancel()
+                raise
             except (am.ActorDiedError, am.NoLiveActorsError) as err:
                 self._check_open()
                 if isinstance(err, am.NoLiveActorsError) and engine is None:
@@ -352,7 +369,14 @@ class EnginePool:
         tensors, or ObjectRefs of them (or is an ObjectRef of such a mapping). Every name and
         shape is checked before any engine loads anything; a partial update is completed from
         the current weights. While generating, the pool pauses (`"keep"`), loads, and resumes:
-        later tokens carry the new version, `version` or the current one + 1. Returns it.
+        later tokens carry the new version. Returns it: `version` (the caller's own numbering,
+        e.g. a trainer's step), or by default the next ticket, one more than any version the
+        pool has handed out, so a number never names two weight sets.
+
+        All or nothing: if an engine fails to load (or times out), the update is undone before
+        generation resumes (every engine serves the weights it served before, with their
+        version) and `WeightUpdateError` says what happened on each engine; so does
+        `stats()["weight_update"]`. Its version number is spent even then.
         """
         if not isinstance(weights, (Mapping, ray.ObjectRef)):
             raise TypeError(f"weights: must be a mapping of name to tensor or an ObjectRef, "
@@ -366,6 +390,15 @@ class EnginePool:
             self._spec = await self.mesh.methods.weight_spec.options(timeout=timeout).choose()
         return self._spec
 
+    async def _current(self, names: set[str], timeout: float) -> dict[str, Any]:
+        """What every engine serves for `names`: the pool's last value, else the checkpoint's
+        (read from an engine once, and kept)."""
+        unread = sorted(names - set(self._kept))
+        if unread:
+            blob = await self.mesh.methods.read_weights.options(timeout=timeout).choose(unread)
+            self._kept.update(_weights.unpack(blob))
+        return {n: self._kept[n] for n in names}
+
     async def _update(self, weights: Mapping[str, Any] | ray.ObjectRef[Any],
                       version: int | None, timeout: float) -> int:
         given: Mapping[str, Any] = await weights if isinstance(weights, ray.ObjectRef) else weights
@@ -375,26 +408,78 @@ class EnginePool:
                    for name, value in given.items()}
         spec = await self._weight_spec(timeout)
         _weights.check(tensors, spec)
-        missing = _weights.missing_members(set(tensors), spec)
-        unread = sorted(missing - set(self._kept))
-        if unread:
-            blob = await self.mesh.methods.read_weights.options(timeout=timeout).choose(unread)
-            self._kept.update(_weights.unpack(blob))
-        full = {**{n: self._kept[n] for n in missing}, **tensors}
+        full = {**await self._current(_weights.missing_members(set(tensors), spec), timeout),
+                **tensors}
         blob, ref = await asyncio.to_thread(self._pack_and_put, full, spec)
-        new_version = self.weight_version + 1 if version is None else version
+        ticket = self._issued + 1 if version is None else version
+        self._issued = max(self._issued, ticket)
         was_paused = self._paused is not None
         if not was_paused:
             await self._pause("keep", timeout)
         try:
-            await self._all("load_weights", timeout, ref, new_version)
+            loads = await self._on_engines(range(self.mesh.size), "load_weights", timeout, ref,
+                                           ticket)
+            engines = [_updates.outcome(rank, value) for rank, value in enumerate(loads)]
+            committed = _updates.landed(engines)
+            if not committed:
+                engines = await self._undo(engines, set(full), spec, timeout)
         finally:
             if not was_paused:
                 await self._resume(timeout)
+        report = self._last_update = WeightUpdate(ticket, committed, tuple(engines))
+        if not committed:
+            log.error("%s; undone", report)
+            raise WeightUpdateError(report, self.weight_version)
         self._kept.update(_weights.unpack(blob))  # copies: the caller may change its tensors
-        self.weight_version = new_version
-        log.info("weights version %d loaded (%d tensors)", new_version, len(full))
-        return new_version
+        self.weight_version = ticket
+        log.info("weights version %d loaded (%d tensors)", ticket, len(full))
+        return ticket
+
+    async def _undo(self, engines: list[EngineUpdate], names: set[str], spec: WeightSpec,
+                    timeout: float) -> list[EngineUpdate]:
+        """Bring every engine that loaded (or tried to) back to the weights all engines served
+        before; restart those that cannot be (a load that timed out may still land)."""
+        again = [e.rank for e in engines if e.outcome in ("loaded", "failed")]
+        restart = {e.rank for e in engines if e.outcome == "timed out"}
+        restored: dict[int, _updates.Restored] = {}
+        try:
+            previous = await self._current(names, timeout)
+            _, ref = await asyncio.to_thread(self._pack_and_put, previous, spec)
+            values = await self._on_engines(again, "load_weights", timeout, ref,
+                                            self.weight_version)
+        except Exception as err:  # noqa: BLE001 - the previous weights cannot be had: restart
+            log.error("rolling back a weight update failed (%s); restarting the engines", err)
+            values = [err] * len(again)
+        for rank, value in zip(again, values):
+            if isinstance(value, (am.ActorDiedError, am.NoLiveActorsError)):
+                continue  # it restarts with the pool's weights anyway
+            if isinstance(value, BaseException):
+                restart.add(rank)
+            else:
+                restored[rank] = "rolled back"
+        for rank in sorted(restart):
+            restored[rank] = self._restart(rank)
+        return [dataclasses.replace(e, restored=restored.get(e.rank, "")) for e in engines]
+
+    def _restart(self, rank: int) -> _updates.Restored:
+        """Kill an engine whose weights are unknown: with restarts it comes back and is restored
+        with the pool's weights before it serves; without, it is gone for good."""
+        try:
+            ray.kill(self.mesh.actors[rank], no_restart=not self._restarts)
+        except Exception as err:  # noqa: BLE001 - already gone
+            log.warning("stopping engine %d failed: %s", rank, err)
+        log.warning("engine %d %s: its weights may differ from the others'", rank,
+                    "restarted" if self._restarts else "stopped for good")
+        return "restarted" if self._restarts else "removed"
+
+    async def _on_engines(self, ranks: Iterable[int], method: str, timeout: float,
+                          *args: Any) -> list[Any]:
+        """`method(*args)` sent to each engine of `ranks` (restarting or not): its value, or
+        the error it ended with."""
+        futures = [getattr(self._engines[rank].methods, method)
+                   .options(return_exceptions=True, timeout=timeout).all(*args)
+                   for rank in ranks]
+        return [list(await f)[0] for f in futures]
 
     @staticmethod
     def _pack_and_put(weights: Mapping[str, Any], spec: WeightSpec) -> tuple[bytes, Any]:
@@ -437,7 +522,7 @@ class EnginePool:
             return PoolStats(weight_version=self.weight_version, paused=self._paused,
                              held=self._held, requests_done=self._done,
                              interruptions=self._interruptions, failovers=self._failovers,
-                             engines=engines)
+                             engines=engines, weight_update=self._last_update)
 
         return self._submit(counters(), "stats").get(limit)
 

@@ -4,7 +4,7 @@ many engines on a small machine. It needs no vLLM and no accelerator.
 It mirrors what the pool relies on: continuous batching (every running sequence gets one token
 per step, at most `max_num_seqs` run, the rest wait), a prefix cache of token blocks (prefill
 costs time per uncached prompt token), the three pause modes, abort returning the tokens so
-far, and weights that change the output (loading one member of a fused module alone zeroes the
+far, a cancelled request leaving the engine, and weights that change the output (loading one member of a fused module alone zeroes the
 others, as in vLLM). A token depends only on the sequence before it and the weights, so a
 sequence cut and resent anywhere yields the same tokens and log-probabilities, like greedy
 decoding on a real engine.
@@ -162,7 +162,12 @@ class FakeEngine(Engine):
         self._quiet.clear()
         if self._stepper is None or self._stepper.done():
             self._stepper = asyncio.create_task(self._steps())
-        reason = await done
+        try:
+            reason = await done
+        except asyncio.CancelledError:  # the caller cancelled (`ray.cancel`): abort it, as vLLM
+            if seq in self._running or seq in self._waiting:
+                self._finish(seq, "abort")
+            raise
         return Piece(seq.tokens, seq.logprobs, seq.versions, reason, self._rank)  # type: ignore[arg-type]
 
     def _held(self) -> int:
