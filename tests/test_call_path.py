@@ -287,12 +287,14 @@ def test_a_timeout_that_is_not_a_finite_positive_number_is_refused(bad: Any) -> 
         h.method().options(timeout=bad)
 
 
-def test_a_timeout_fails_a_call_in_flight_and_its_late_end_frees_the_slot() -> None:
+def test_a_timeout_cancels_a_call_in_flight_in_its_actor_and_its_late_end_frees_the_slot(
+) -> None:
     h = Harness(1)
     future = h.method(timeout=0.05).choose(1)
     with pytest.raises(am.MeshTimeoutError, match="timeout=0.05"):
         future.get(timeout=5)
     assert h.scheduler.in_flight() == [1]
+    assert h.pending(0)[0].cancelled
     h.finish_all(0, "late")
     with pytest.raises(am.MeshTimeoutError):
         future.get(timeout=5)
@@ -677,17 +679,6 @@ def test_a_call_sent_to_a_synchronous_actor_is_not_cancelled_there_but_its_resul
     assert_idle(h)
 
 
-def test_a_call_that_timed_out_is_cancelled_in_its_actor() -> None:
-    h = Harness(1)
-    future = h.method(timeout=0.05).choose(1)
-    with pytest.raises(am.MeshTimeoutError):
-        future.get(timeout=5)
-    [ref] = h.pending(0)
-    assert ref.cancelled
-    h.finish(ref, kind=_ray.CANCELLED, error=TaskCancelledError())
-    assert_idle(h)
-
-
 def test_calls_cancelled_in_their_actor_do_not_count_as_its_failures() -> None:
     h = Harness(1)
     for i in range(8):
@@ -815,18 +806,21 @@ def test_a_slow_collect_delays_no_timeout_of_another_mesh() -> None:
 
 
 def test_a_collect_may_call_the_mesh_and_wait() -> None:
-    h = Harness(2)
+    """A collect that waits for a call whose send needs the loop thread (it waited for a slot)
+    deadlocked until its own timeout when collects ran on that thread."""
+    h = Harness(1, max_in_flight=1)
+    occupying = h.method().choose(0)  # holds the one slot
 
     def call_the_mesh() -> None:
-        inner = h.method().choose(3)
-        threading.Thread(target=lambda: h.finish_all(next(a for a in (0, 1) if h.pending(a)),
-                                                     "inner")).start()
+        inner = h.method().choose(3)  # waits for the slot `occupying` holds
+        h.finish(next(r for r in h.pending(0) if r.args == (0,)), "freed")  # the send: loop
+        h.finish(next(r for r in h.pending(0) if r.args == (3,)), "inner")
         assert inner.get(timeout=5) == "inner"
 
     future = h.method(dispatch=Held(call_the_mesh)).shard(1)
-    h.finish_all(0, "a")
-    h.finish_all(1, "b")
-    assert future.get(timeout=10) == ["a", "b"]
+    h.finish(next(r for r in h.pending(0) if r.args == (1,)), "a")
+    assert future.get(timeout=20) == ["a"]
+    assert occupying.get(timeout=5) == "freed"
     assert_idle(h)
 
 
@@ -867,12 +861,17 @@ def restart(h: Harness, actor: int, epoch: int) -> None:
     _loop.post(h.router.failures.on_state, actor, _ray.ALIVE, epoch, "")
 
 
-def wait_for(condition: Callable[[], bool]) -> None:
-    for _ in range(1000):
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Let the loop thread catch up until `condition` holds (what other threads do lands
+    there)."""
+    deadline = time.monotonic() + timeout
+    while True:
         settle()
         if condition():
             return
-    raise AssertionError("condition not met")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(0.001)
 
 
 def test_an_actor_that_dies_for_good_during_its_hook_stays_out_of_rotation() -> None:

@@ -262,7 +262,8 @@ def test_an_actor_killed_for_good_during_its_hook_is_never_routed_to_again() -> 
         ray.kill(mesh.actors[1], no_restart=False)
         assert started.wait(60)
         ray.kill(mesh.actors[1], no_restart=True)
-        wait_until(lambda: mesh.load().alive == [True, False])
+        wait_until(lambda: not mesh.load().actors[1].restarting)  # known dead, hook running
+        assert mesh.load().alive == [True, False]
         release.set()
         ray.kill(mesh.actors[0], no_restart=False)  # its hook runs after rank 1's has ended
         wait_until(lambda: ran == [1, 0] and mesh.load().alive[0])
