@@ -13,8 +13,10 @@
                                               named with the actor's rank and coordinates
 
 `all` and `shard` send one call per actor with `Router.send`; their future settles once every
-part has ended, and its first reader reads and combines the parts (`_future`). A call's slot is freed exactly once, when it ends, whatever the
-outcome; a call is settled exactly once (a second outcome, e.g. after a timeout, is dropped).
+part has ended, and its first reader reads and combines the parts (`_future`). A call's slot is
+freed exactly once, when it ends, whatever the outcome; a call is settled exactly once (a second
+outcome, e.g. after a timeout, is dropped). A cancelled call is never sent again, and one that
+was sent is cancelled in its actor where Ray can (`Router.cancel_sent`).
 """
 
 from __future__ import annotations

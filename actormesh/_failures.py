@@ -93,9 +93,6 @@ class Failures:
         self._actor_ids: list[bytes] = []
         self._closed = False
 
-    def status(self, actor: int) -> Status:
-        return self._lives[actor].status
-
     # -- events -------------------------------------------------------------------------------
     def on_state(self, actor: int, state: int, epoch: int, reason: str) -> None:
         """A state notice from the GCS (loop thread)."""
