@@ -8,6 +8,8 @@
   count, dead) within milliseconds. It is how a mesh sees an
   idle actor die or come back without keeping a call pending on it (which would need a
   concurrency group, and that moves a synchronous actor's methods off its `__init__` thread).
+- `in_process(ref)`: whether a value can be read at once (an async reader then reads it on its
+  own event loop instead of handing the read to a thread).
 - `cancellable(handle)`: whether `ray.cancel` may be used on the actor's calls.
 
 These need Ray 2.60 or newer (`ObjectRef._on_ready` first shipped there): `require` refuses an
@@ -78,6 +80,15 @@ def outcome(ref: Any) -> int:
         return OK
     head = metadata.split(b",", 1)[0]
     return _KINDS.get(int(head), FAILED) if head.isdigit() else OK
+
+
+def in_process(ref: Any) -> bool:
+    """Whether a finished call's value is held in this process's own memory (a small value
+    Ray returned inline), so reading it waits for no transfer."""
+    try:
+        return bool(_worker.global_worker.core_worker.object_exists(ref, memory_store_only=True))
+    except Exception:  # noqa: BLE001 - not the internals this was written for: assume not
+        return False
 
 
 # Actor states on the GCS channel (gcs_pb2.ActorTableData.ActorState).
