@@ -14,15 +14,14 @@ import concurrent.futures as cf
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 import ray
 from ray.exceptions import RayError
 
-from . import _loop, _ray
-from ._calls import Call, Router, read
+from . import _calls, _loop, _ray
+from ._calls import Call, Router, read, read_async
 from ._result import Result
 from ._shape import IndexKey, Point, Selectable, Selection, Shape
 
@@ -65,7 +64,16 @@ class MeshFuture(Generic[R]):
     def get(self, timeout: float | None = None) -> R:
         """Wait for the result; raise the call's error, or `TimeoutError` after `timeout` s
         (the call goes on)."""
-        if not self._future.wait(timeout):
+        left = timeout
+        if self._one and self._cache is _UNREAD and not self._future.done():
+            start = time.monotonic()
+            value = _calls.read_sent(self._calls[0], timeout)
+            if value is not _calls.NOT_READ:
+                self._store(value, None)
+                return self._outcome()
+            if timeout is not None:
+                left = max(timeout - (time.monotonic() - start), 0.0)
+        if not self._future.wait(left):
             raise TimeoutError(f"{self._label} did not finish within {timeout} s")
         return self._outcome()
 
@@ -76,17 +84,27 @@ class MeshFuture(Generic[R]):
         if not self._future.done():
             await _settled(self._future)
         if self._one and self._cache is _UNREAD and self._future.exception() is None:
-            call = self._calls[0]
             try:  # read the way Ray awaits a value: off this event loop's thread
-                value, error = await call.future.result(), None
-            except RayError as err:
-                value, error = None, call.error(err)
+                value, error = await read_async(self._calls[0]), None
+            except Exception as err:  # noqa: BLE001 - the call's error, mapped by read_async
+                value, error = None, err
             self._store(value, error)
         return self._outcome()
 
     def _outcome(self) -> R:
-        """The settled result: the value, or the error raised (returned with
-        `return_exceptions`)."""
+        """The settled result (or a single call's value read before its end was reported): the
+        value, or the error raised (returned with `return_exceptions`)."""
+        outcome: tuple[Any, BaseException | None] = (
+            self._cache if self._one and self._cache is not _UNREAD else self._settled_outcome())
+        value, error = outcome
+        if error is None:
+            result: R = value
+            return result
+        if self._return_exceptions and not isinstance(error, cf.CancelledError):
+            return error  # type: ignore[return-value]
+        raise error
+
+    def _settled_outcome(self) -> tuple[Any, BaseException | None]:
         error = self._future.exception()
         if error is None and self._one:
             if self._cache is _UNREAD:
@@ -94,14 +112,9 @@ class MeshFuture(Generic[R]):
                     self._store(read(self._calls[0]), None)
                 except Exception as err:  # noqa: BLE001 - the call's error, mapped by read
                     self._store(None, err)
-            value, error = self._cache
-        else:
-            value = None if error is not None else self._future.result()
-        if error is None:
-            return value  # type: ignore[no-any-return]
-        if self._return_exceptions and not isinstance(error, cf.CancelledError):
-            return error  # type: ignore[return-value]
-        raise error
+            cached: tuple[Any, BaseException | None] = self._cache
+            return cached
+        return (None if error is not None else self._future.result()), error
 
     def _store(self, value: Any, error: BaseException | None) -> None:
         with _cache_lock:
@@ -109,7 +122,7 @@ class MeshFuture(Generic[R]):
                 self._cache = (value, error)
 
     def done(self) -> bool:
-        return self._future.done()
+        return self._cache is not _UNREAD or self._future.done()
 
     def add_done_callback(self, callback: Callable[[MeshFuture[R]], object]) -> None:
         """Call `callback(self)` once the result is in (soon if it is), on the library's user
@@ -124,12 +137,15 @@ class MeshFuture(Generic[R]):
 
     @property
     def refs(self) -> list[ray.ObjectRef[Any]]:
-        """The ObjectRefs of the Ray calls sent so far, one per actor called."""
-        return [c.ref for c in self._calls if c.ref is not None]
+        """The ObjectRefs of the Ray calls sent so far, one per actor called. A call that rode a
+        batch with others has no ObjectRef of its own: for it, this waits until it has ended and
+        puts its value (or error) in the object store, once."""
+        return [_calls.own_ref(c) for c in self._calls if c.ref is not None]
 
     @property
     def ref(self) -> ray.ObjectRef[Any]:
-        """The ObjectRef of a single-actor call (`choose`)."""
+        """The ObjectRef of a single-actor call (`choose`); see `refs` for a call that rode a
+        batch."""
         refs = self.refs
         if len(refs) != 1:
             raise ValueError(f"{self._label} has {len(refs)} ObjectRefs; use .refs")
@@ -164,12 +180,7 @@ class MeshFuture(Generic[R]):
     async def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]:
         async def one(call: Call) -> tuple[Point, Any]:
             await _settled(call.future)
-            ref = call.future.result()
-            try:
-                value = await ref
-            except RayError as err:
-                raise call.error(err) from None
-            return call.point, value
+            return call.point, await read_async(call)
 
         for next_done in asyncio.as_completed([one(c) for c in self._calls]):
             yield await next_done
@@ -177,84 +188,6 @@ class MeshFuture(Generic[R]):
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"MeshFuture({self._label}, {state})"
-
-
-class MeshMap(Generic[R]):
-    """The results of `mesh.methods.f.map(items)`, streamed: iterate once, with `for` or
-    `async for`. At most `window` calls are outstanding (sent or waiting for a slot, or done
-    but not yet yielded); the items are read as calls are made."""
-
-    __slots__ = ("_call", "_items", "_ordered", "_window", "_used")
-
-    def __init__(self, call: Callable[[Any], MeshFuture[R]], items: Iterator[Any],
-                 ordered: bool, window: int) -> None:
-        self._call = call
-        self._items = items
-        self._ordered = ordered
-        self._window = window
-        self._used = False
-
-    def _start(self) -> None:
-        if self._used:
-            raise RuntimeError("a map's results can be iterated only once")
-        self._used = True
-
-    def _fill(self, outstanding: int, on_sent: Callable[[MeshFuture[R]], None]) -> int:
-        """Send calls for the next items until `window` are outstanding; how many are."""
-        while outstanding < self._window:
-            try:
-                item = next(self._items)
-            except StopIteration:
-                break
-            on_sent(self._call(item))
-            outstanding += 1
-        return outstanding
-
-    def __iter__(self) -> Iterator[R]:
-        self._start()
-        pending: deque[MeshFuture[R]] = deque()
-        finished: queue.SimpleQueue[MeshFuture[R]] = queue.SimpleQueue()
-
-        def sent(future: MeshFuture[R]) -> None:
-            pending.append(future)
-            if not self._ordered:
-                future._future.add_done_callback(lambda _: finished.put(future))
-
-        try:
-            while self._fill(len(pending), sent):
-                if self._ordered:
-                    future = pending.popleft()
-                else:
-                    future = finished.get()
-                    pending.remove(future)
-                yield future.get()
-        finally:  # left early (break, an error): what is not sent yet never will be
-            for future in pending:
-                future.cancel()
-
-    async def __aiter__(self) -> AsyncIterator[R]:
-        self._start()
-        loop = asyncio.get_running_loop()
-        pending: deque[MeshFuture[R]] = deque()
-        finished: asyncio.Queue[MeshFuture[R]] = asyncio.Queue()
-
-        def sent(future: MeshFuture[R]) -> None:
-            pending.append(future)
-            if not self._ordered:
-                future._future.add_done_callback(
-                    lambda _: loop.call_soon_threadsafe(finished.put_nowait, future))
-
-        try:
-            while self._fill(len(pending), sent):
-                if self._ordered:
-                    future = pending.popleft()
-                else:
-                    future = await finished.get()
-                    pending.remove(future)
-                yield await future
-        finally:
-            for future in pending:
-                future.cancel()
 
 
 def _putting(finished: queue.SimpleQueue[Call], call: Call) -> Callable[[Result[Any]], None]:

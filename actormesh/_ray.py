@@ -3,6 +3,8 @@
 - `outcome(ref)`: how a finished call ended (a value, a raise in the method, the actor gone),
   read from the object's metadata without deserialising it, so that Ray's completion thread
   pays ~2 µs per call instead of a deserialisation.
+- `run_on_event_loop`: inside an asyncio actor, a function that Ray runs on the task's own
+  thread (`__ray_call__`) runs coroutines on the actor's event loop, as Ray runs its own.
 - `subscribe` / `actor_state`: Ray's GCS actor channel (followed by `_failures.ActorStates`),
   which publishes every change of every actor's state (alive, restarting with its restart
   count, dead) within milliseconds. It is how a mesh sees an
@@ -14,11 +16,14 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import ray
 
 log = logging.getLogger("actormesh")
+
+T = TypeVar("T")
 
 # How a call ended, as `outcome` tells it.
 OK = 0  # returned a value
@@ -116,6 +121,30 @@ def _reason(data: Any) -> str:
         return str(context.error_message) if context.error_message else ""
     except AttributeError:
         return ""
+
+
+def in_asyncio_actor() -> bool:
+    """Whether this process is an actor that runs its calls on an asyncio event loop."""
+    return bool(_worker.global_worker.core_worker.current_actor_is_asyncio())
+
+
+def run_on_event_loop(coroutine: Coroutine[Any, Any, T], cls: type[Any]) -> T:
+    """Run `coroutine` on the event loop of the asyncio actor (of class `cls`) this task runs in,
+    from the task's own thread, as Ray runs an `async def` method: the task's fiber yields until
+    it is done, so the actor's other calls go on meanwhile. What a function sent with
+    `__ray_call__` (which Ray runs on the task's thread) needs in order to await."""
+    raylet: Any = importlib.import_module("ray._raylet")
+    descriptor = raylet.PythonFunctionDescriptor(cls.__module__, "__ray_call__", cls.__name__)
+    result: T = _worker.global_worker.core_worker.run_async_func_or_coro_in_event_loop(
+        coroutine, descriptor, "", is_actor_task=True)
+    return result
+
+
+def runs_calls_at_once(handle: Any) -> bool:
+    """Whether the actor behind `handle` may run several calls at once (an asyncio actor, or
+    one with max_concurrency > 1): Ray lets such actors run calls out of order. False if this
+    Ray cannot tell."""
+    return bool(getattr(handle, "_ray_allow_out_of_order_execution", False))
 
 
 def actor_id(handle: Any) -> bytes:

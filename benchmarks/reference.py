@@ -17,9 +17,9 @@ Shared rules, native and here:
 - least_loaded and pull: the fewest calls in flight, lowest rank on ties. pull is least_loaded
   with max_in_flight defaulting to 1, so the group queue is its central queue.
 - sed: the least (in_flight + 1) * ewma_s, then fewer calls in flight, then lowest rank.
-- adaptive: the fewest calls in flight, then the least ewma_s (unmeasured: 0), then lowest rank;
-  each actor holds at most max_tasks Ray tasks (default 2), a task beyond the first only while
-  its ewma_s is below pipeline_s.
+- adaptive: the fewest calls in flight, then the least ewma_s (unmeasured: 0), then lowest rank.
+- Each actor holds at most max_tasks Ray tasks (0: unbounded), a task beyond the first only while
+  its ewma_s is below pipeline_s (when that is > 0).
 - affinity: the key's last actor keeps the call unless its in_flight exceeds the group's least
   loaded eligible member by more than affinity_abs AND by a factor above affinity_rel.
 - A queued call leaves its queue when a slot frees in one of its group's actors; among the
@@ -159,7 +159,7 @@ class Scheduler:
         self.num_actors = num_actors
         self.policy = policy
         self.max_in_flight = 1 if policy == "pull" and max_in_flight == 0 else max_in_flight
-        self.max_tasks = 2 if policy == "adaptive" and max_tasks == 0 else max_tasks
+        self.max_tasks = max_tasks
         self._pipeline_s = pipeline_s
         self.coalesce = coalesce
         self._budget_s = batch_budget_s

@@ -344,6 +344,12 @@ NB_MODULE(_native, m) {
           },
           "method"_a)
       .def(
+          "batch_size",
+          [](PyScheduler& s, int64_t method) {
+            return with_gil_rule(s, [&] { return s.batch_size(method); });
+          },
+          "method"_a)
+      .def(
           "submit",
           [](PyScheduler& s, int64_t group, nb::handle affinity, nb::object payload,
              std::optional<double> now_s, int64_t method, bool alone) {

@@ -11,11 +11,12 @@ namespace actormesh {
 // The eligible member with the fewest calls in flight; among those, the one measured fastest
 // (an unmeasured member first, so that it gets measured), then the lowest rank.
 //
-// What makes the policy adaptive lives in the load table and the drain, configured by its
-// defaults: an actor is eligible only with a free task slot (one Ray task, and a second one
-// waiting behind it only while the actor's calls are measured short, so a slow call never
-// queues inside a busy actor), the calls that find no eligible actor wait in the group's FIFO
-// queue, as with `pull`, and a freed slot takes them as one batch (coalescing).
+// What makes the policy adaptive lives in the load table and the drain, configured by the
+// library for actors that run one call at a time: an actor is eligible only with a free task
+// slot (one Ray task, and a second one waiting behind it only while the actor's calls are
+// measured short, so a slow call never queues inside a busy actor), the calls that find no
+// eligible actor wait in the group's FIFO queue, as with `pull`, and a freed slot takes them as
+// one batch (coalescing).
 class AdaptivePolicy final : public Policy {
  public:
   explicit AdaptivePolicy(uint32_t size) : heap_(size) {}

@@ -42,7 +42,6 @@ SchedulerConfig validated(SchedulerConfig c) {
     throw std::invalid_argument("max_tasks " + std::to_string(c.max_tasks) +
                                 ": must be >= 0 (0 = unbounded)");
   }
-  if (kind == PolicyKind::adaptive && c.max_tasks == 0) c.max_tasks = 2;
   if (!(c.pipeline_s >= 0.0 && std::isfinite(c.pipeline_s))) {
     throw std::invalid_argument("pipeline_s " + format_double(c.pipeline_s) +
                                 ": must be finite and >= 0");
@@ -319,6 +318,14 @@ double Scheduler::method_latency_s(int64_t method) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const MethodLoad& m = loads_.method(check_method(method));
   return m.measured ? m.ewma_s : std::numeric_limits<double>::quiet_NaN();
+}
+
+uint32_t Scheduler::batch_size(int64_t method) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const QueuedCall call{0, std::nullopt, 0, check_method(method), false};
+  if (config_.coalesce == 1 || !may_ride(call)) return 1;
+  const double fits = std::floor(config_.batch_budget_s / expected_s(call));
+  return static_cast<uint32_t>(std::clamp(fits, 1.0, static_cast<double>(config_.coalesce)));
 }
 
 Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload,

@@ -25,8 +25,8 @@ struct SchedulerConfig {
   int64_t num_actors = 1;
   std::string policy = "pow2";
   int64_t max_in_flight = 0;  // per actor; 0 = unbounded (pull: 0 means 1)
-  // Ray tasks per actor; 0 = unbounded (adaptive: 0 means 2). A task beyond an actor's first
-  // only while its service-time EWMA is below pipeline_s (0: always).
+  // Ray tasks per actor; 0 = unbounded. A task beyond an actor's first only while its
+  // service-time EWMA is below pipeline_s (0: always).
   int64_t max_tasks = 0;
   double pipeline_s = 0.0;
   // Coalescing: a freed slot takes up to `coalesce` queued calls as one task (1: never), as long
@@ -90,6 +90,9 @@ class Scheduler {
   uint32_t add_method(bool alone);
   // A method's service time per call (moving average), NaN until measured.
   double method_latency_s(int64_t method) const;
+  // How many calls of `method` a freed slot would take as one task now (1 when they never
+  // ride a batch): what fits the budget of expected service time, at most `coalesce`.
+  uint32_t batch_size(int64_t method) const;
 
   // Picks an actor for a call of `method`, or queues the call with its payload (`alone`: it
   // never rides a batch). `now_s` (the clock of complete's times; NaN: unknown) ends the

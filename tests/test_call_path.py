@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 from ray.exceptions import ActorDiedError as RayActorDiedError
-from ray.exceptions import RayTaskError
+from ray.exceptions import GetTimeoutError, RayTaskError
 
 import actormesh as am
-from actormesh import _calls, _future, _loop, _native, _ray
+from actormesh import _batch, _bulk, _calls, _future, _loop, _native, _ray
 from actormesh._balancer import make_scheduler
 from actormesh._calls import Router
 from actormesh._method import CallOptions, MeshMethod, Target
@@ -43,6 +43,7 @@ class FakeRef:
         self.value: Any = None
         self.error: BaseException | None = None
         self.kind = _ray.OK
+        self.finished = threading.Event()  # its value (or error) exists
 
     def _on_ready(self, callback: Callable[[BaseException | None], None]) -> None:
         self.callback = callback
@@ -72,14 +73,16 @@ class Harness:
     """A router over fake handles, a `MeshMethod` to call through, and a "Ray" thread."""
 
     def __init__(self, actors: int, *, balancer: Any = "least_loaded",
-                 max_in_flight: int | None = None, restart_timeout_s: float = 60.0) -> None:
+                 max_in_flight: int | None = None, restart_timeout_s: float = 60.0,
+                 coalesce: int = 1) -> None:
         self.sent_from: list[str] = []
         self.handles = [FakeHandle(a, self) for a in range(actors)]
         shape = Shape({"rank": actors})
-        scheduler = make_scheduler(actors, balancer, max_in_flight)
+        scheduler = make_scheduler(actors, balancer, max_in_flight, coalesce)
         self.router = Router(self.handles, [Point(r, shape) for r in range(actors)], scheduler,
                              defer_drain=isinstance(balancer, am.Balancer),
-                             restart_timeout_s=restart_timeout_s)
+                             restart_timeout_s=restart_timeout_s,
+                             send_batch=_batch.send_to_mesh_actor)
         self.target = Target(shape, tuple(range(actors)), self.router, "Fake", "Fake")
         self.ray_thread = _RayThread()
 
@@ -101,7 +104,8 @@ class Harness:
                error: BaseException | None = None, lost: BaseException | None = None) -> None:
         """End the call behind `ref` on the "Ray" thread: a value, an error of `kind`, or
         (`lost`) a value that will never exist."""
-        ref.value, ref.kind, ref.error = value, kind, error
+        ref.value, ref.kind, ref.error = value, kind, error if lost is None else lost
+        ref.finished.set()
         callback, ref.callback = ref.callback, None
         assert callback is not None, "a call ended twice"
         self.ray_thread.run(lambda: callback(lost))
@@ -149,7 +153,9 @@ def settle() -> None:
 
 def _fake_get(ref: Any, timeout: float | None = None) -> Any:
     if isinstance(ref, list):
-        return [_fake_get(r) for r in ref]
+        return [_fake_get(r, timeout) for r in ref]
+    if not ref.finished.wait(10 if timeout is None else timeout):
+        raise GetTimeoutError(f"{ref.method} not finished within {timeout} s")
     if ref.error is not None:
         raise ref.error
     return ref.value
@@ -159,8 +165,8 @@ def _fake_get(ref: Any, timeout: float | None = None) -> Any:
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Reads go to the fake refs; the outcome of a call is the one the test gave it."""
     fake = types.SimpleNamespace(get=_fake_get)
-    monkeypatch.setattr(_calls, "ray", fake)
-    monkeypatch.setattr(_future, "ray", fake)
+    for module in (_calls, _future, _batch, _bulk):
+        monkeypatch.setattr(module, "ray", fake)
     monkeypatch.setattr(_ray, "outcome", lambda ref: ref.kind)
     yield
 

@@ -1025,8 +1025,7 @@ def test_without_stickiness_keys_only_reach_the_picker() -> None:
 
 
 def test_adaptive_holds_one_task_per_actor_until_its_calls_are_measured_short() -> None:
-    s = Scheduler(2, "adaptive", pipeline_s=0.002)
-    assert s.max_tasks == 2
+    s = Scheduler(2, "adaptive", max_tasks=2, pipeline_s=0.002)
     assert [dispatch(s), dispatch(s)] == [0, 1]
     assert s.submit(0).actor == -1  # unmeasured: no second task behind a running one
     [drained] = s.complete(0, 0.0, 0.0005, True)  # short: a second task may wait behind one
@@ -1036,7 +1035,7 @@ def test_adaptive_holds_one_task_per_actor_until_its_calls_are_measured_short() 
 
 
 def test_adaptive_keeps_an_actor_measured_slow_to_one_task() -> None:
-    s = Scheduler(1, "adaptive", pipeline_s=0.002)
+    s = Scheduler(1, "adaptive", max_tasks=2, pipeline_s=0.002)
     dispatch(s)
     s.complete(0, 0.0, 0.02, True)
     dispatch(s)
