@@ -105,7 +105,7 @@ def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bo
         return True  # some call failed: each future reads (and raises) its own outcome
     for (future, ref), value in zip(lone, values):
         call = future._calls[0]
-        call.router.read_ended(call, ref)
+        call.router.read_ended(call, ref, timed=False)  # read together: each end is unknown
         if future._future.exception() is None:
             future._store(value, None)
     for batch, value in zip(batches.values(), values[len(lone):]):

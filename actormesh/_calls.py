@@ -200,11 +200,12 @@ def read_sent(call: Call, timeout: float | None) -> Any:
     if call.deadline is not None:
         left = max(call.deadline - time.monotonic(), 0.0)
         timeout = left if timeout is None else min(timeout, left)
+    late = _ray.arrived(ref)  # then when it ended is not known: no service-time sample
     try:
         value = ray.get(ref, timeout=timeout)
     except RayError:  # GetTimeoutError included
         return NOT_READ
-    call.router.read_ended(call, ref)
+    call.router.read_ended(call, ref, timed=not late)
     future = call.future
     if future.done() and future.exception() is not None:
         return NOT_READ
@@ -412,13 +413,15 @@ class Router:
         if _finishes(call, call.ref):
             self._end(call, error, None)
 
-    def read_ended(self, call: Call, ref: Any) -> None:
+    def read_ended(self, call: Call, ref: Any, *, timed: bool) -> None:
         """The caller read a value of `call` sent as `ref`: it ended well, and unless Ray's
-        callback has seen that already, it ends here, on the caller's thread."""
+        callback has seen that already, it ends here, on the caller's thread (`timed`: the
+        caller waited for the value, so its end is now, a service-time sample)."""
         if _finishes(call, ref):
-            self._end(call, None, _ray.OK)
+            self._end(call, None, _ray.OK, timed)
 
-    def _end(self, call: Call, error: BaseException | None, outcome: int | None) -> None:
+    def _end(self, call: Call, error: BaseException | None, outcome: int | None,
+             timed: bool = True) -> None:
         try:
             ended = time.perf_counter()
             if outcome is None:
@@ -429,7 +432,7 @@ class Router:
                 self.failures.lost(call.actor, call.epoch)
             self._hand_on(self.scheduler.complete(call.actor, call.started, ended,
                                                   outcome == _ray.OK, self._drain_inline, 1,
-                                                  call.method_id),
+                                                  call.method_id, timed),
                           call.actor)
             if lost and self._retried(call):
                 return

@@ -62,6 +62,16 @@ def outcome(ref: Any) -> int:
     return _KINDS.get(int(head), FAILED) if head.isdigit() else OK
 
 
+def arrived(ref: Any) -> bool:
+    """Whether the value (or error) behind `ref` is already in this process's memory store, so
+    that reading it now does not wait. False if this Ray cannot tell, or for a large value kept
+    in the object store."""
+    try:
+        return bool(_worker.global_worker.core_worker.object_exists(ref, memory_store_only=True))
+    except Exception:  # noqa: BLE001 - not the internals this was written for
+        return False
+
+
 # Actor states on the GCS channel (gcs_pb2.ActorTableData.ActorState).
 ALIVE = 2
 RESTARTING = 3

@@ -30,7 +30,9 @@ Shared rules, native and here:
   and their expected service times (the method's ewma_s, or batch_budget_s / 4 unmeasured) fit
   the rest of batch_budget_s.
 - Service time: a task of k calls is k samples of an equal share of its duration: the EWMA moves
-  by the weight 1 - (1 - alpha)**k (alpha for one call), the actor's and the method's alike.
+  by the weight 1 - (1 - alpha)**k (alpha for one call). The method's estimate, and the actor's
+  one for the pipeline rule (`low_s`), rise RISE_SLOWER times slower than they fall: samples
+  taken on the driver are inflated by its own delays, never deflated.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class ActorLoad:
     tasks: int = 0
     alive: bool = True
     ewma_s: float | None = None  # None until the first sample
+    low_s: float = 0.0  # slow to rise: for the pipeline rule
     last_end_s: float = -math.inf
 
 
@@ -119,6 +122,12 @@ class Group:
 POLICIES = ("random", "round_robin", "pow2", "least_loaded", "pull", "sed", "adaptive",
             "external")
 UNMEASURED_BATCH = 4  # an unmeasured method's calls are expected to take budget / this
+RISE_SLOWER = 8.0
+
+
+def lower(estimate: float, sample: float, weight: float) -> float:
+    """An EWMA step that rises RISE_SLOWER times slower than it falls."""
+    return estimate + (weight if sample < estimate else weight / RISE_SLOWER) * (sample - estimate)
 
 
 class Scheduler:
@@ -248,7 +257,7 @@ class Scheduler:
         return Decision(ticket, actor)
 
     def complete(self, actor: int, started_s: float, ended_s: float, ok: bool, *,
-                 calls: int = 1, method: int = 0) -> list[Decision]:
+                 calls: int = 1, method: int = 0, timed: bool = True) -> list[Decision]:
         """Ends a task of `calls` calls on `actor`, learns its service time per call, and
         dispatches what its slots free."""
         self._check_actor(actor)
@@ -264,7 +273,8 @@ class Scheduler:
         was = self._eligible(actor)
         load.in_flight -= calls
         load.tasks -= 1
-        self._record(load, started_s, ended_s, ok, calls, self._methods[method])
+        if timed:
+            self._record(load, started_s, ended_s, ok, calls, self._methods[method])
         self._blocked += was - self._eligible(actor)
         return self._drain(actor)
 
@@ -491,7 +501,7 @@ class Scheduler:
             return False
         if self.max_tasks == 0 or load.tasks == 0:
             return True
-        short = self._pipeline_s <= 0 or (load.ewma_s is not None and load.ewma_s < self._pipeline_s)
+        short = self._pipeline_s <= 0 or (load.ewma_s is not None and load.low_s < self._pipeline_s)
         return load.tasks < self.max_tasks and short
 
     def _eligible_members(self, g: Group) -> Sequence[int]:
@@ -522,14 +532,15 @@ class Scheduler:
         if load.ewma_s is None:  # the first sample moves the prior like any other
             prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
             load.ewma_s = prior + weight * (sample - prior)
+            load.low_s = sample
             self._ewma_sum += load.ewma_s
             self._measured += 1
         else:
             old = load.ewma_s
             load.ewma_s = old + weight * (sample - old)
+            load.low_s = lower(load.low_s, sample, weight)
             self._ewma_sum += load.ewma_s - old
-        method.ewma_s = sample if method.ewma_s is None else (
-            method.ewma_s + weight * (sample - method.ewma_s))
+        method.ewma_s = sample if method.ewma_s is None else lower(method.ewma_s, sample, weight)
 
     def _latency(self, actor: int) -> float:
         ewma = self._loads[actor].ewma_s

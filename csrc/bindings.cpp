@@ -370,13 +370,13 @@ NB_MODULE(_native, m) {
       .def(
           "complete",
           [](PyScheduler& s, int64_t actor, double started_s, double ended_s, bool ok,
-             bool drain, int64_t calls, int64_t method) {
+             bool drain, int64_t calls, int64_t method, bool timed) {
             return finish(with_gil_rule(s, [&] {
-              return s.complete(actor, started_s, ended_s, ok, drain, calls, method);
+              return s.complete(actor, started_s, ended_s, ok, drain, calls, method, timed);
             }));
           },
           "actor"_a, "started_s"_a, "ended_s"_a, "ok"_a, "drain"_a = true, "calls"_a = 1,
-          "method"_a = 0)
+          "method"_a = 0, "timed"_a = true)
       .def(
           "drain",
           [](PyScheduler& s, int64_t actor) {

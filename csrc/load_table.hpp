@@ -19,6 +19,7 @@ struct ActorLoad {
   Status status = Status::alive;
   bool measured = false;   // ewma_s holds at least one sample
   double ewma_s = 0.0;     // moving average of service time, seconds
+  double low_s = 0.0;      // the same, slow to rise (see `lower`): for the pipeline rule
   double last_end_s = -std::numeric_limits<double>::infinity();  // latest completion seen
   // Outlier ejection: an actor that failed `eject_after` calls in a row is passed over until
   // `ejected_until`, as long as another eligible member can take the call.
@@ -36,8 +37,19 @@ struct ActorLoad {
 struct MethodLoad {
   bool alone = false;  // declared never to be batched
   bool measured = false;
-  double ewma_s = 0.0;  // moving average of service time per call, seconds
+  double ewma_s = 0.0;  // service time per call, seconds, slow to rise (see `lower`)
 };
+
+// A moving average that falls as an EWMA does and rises `kRiseSlower` times slower. A sample
+// measured on the driver includes the driver's own delays (a completion callback waiting for
+// the GIL while the caller sends a burst can add milliseconds): they inflate samples, never
+// deflate them. The estimates that size batches and allow a second task must not collapse on
+// them, or a burst of tiny calls would stop riding together exactly when it should; a method
+// that is really slow still shows as slow within a few calls.
+constexpr double kRiseSlower = 8.0;
+inline double lower(double estimate, double sample, double weight) {
+  return estimate + (sample < estimate ? weight : weight / kRiseSlower) * (sample - estimate);
+}
 
 // How many Ray tasks an actor may hold at once: the pipeline depth.
 struct TaskLimits {
@@ -119,17 +131,20 @@ class LoadTable {
   // (completions reported out of order) carry no information and are dropped.
   // A task that failed is no sample: an actor that fails fast must not look fast. It counts
   // once towards ejection instead (see `failures_in_a_row`).
+  // Without `timed` the end time is not known well enough to measure anything: only the
+  // outcome counts.
   void record(uint32_t actor, double started_s, double ended_s, bool ok, uint32_t calls = 1,
-              uint32_t method = 0) {
+              uint32_t method = 0, bool timed = true) {
     ActorLoad& a = actors_[actor];
-    const double sample = (ended_s - std::max(started_s, a.last_end_s)) / calls;
-    a.last_end_s = std::max(a.last_end_s, ended_s);
     if (ok) {
       a.failures_in_a_row = 0;
       if (!a.ejected) a.ejections = 0;
     } else {
       ++a.failures_in_a_row;
     }
+    if (!timed) return;
+    const double sample = (ended_s - std::max(started_s, a.last_end_s)) / calls;
+    a.last_end_s = std::max(a.last_end_s, ended_s);
     if (!ok || sample < 0.0) return;
     const double weight = calls == 1 ? alpha_ : 1.0 - std::pow(1.0 - alpha_, calls);
     if (!a.measured) {
@@ -138,15 +153,17 @@ class LoadTable {
       const double prior = prior_s_ > 0.0 ? prior_s_ : mean_ewma_or(sample);
       a.measured = true;
       a.ewma_s = prior + weight * (sample - prior);
+      a.low_s = sample;
       ewma_sum_ += a.ewma_s;
       ++measured_;
     } else {
       const double old = a.ewma_s;
       a.ewma_s = old + weight * (sample - old);
+      a.low_s = lower(a.low_s, sample, weight);
       ewma_sum_ += a.ewma_s - old;
     }
     MethodLoad& m = methods_[method];
-    m.ewma_s = m.measured ? m.ewma_s + weight * (sample - m.ewma_s) : sample;
+    m.ewma_s = m.measured ? lower(m.ewma_s, sample, weight) : sample;
     m.measured = true;
   }
 
@@ -160,7 +177,7 @@ class LoadTable {
   bool has_task_slot(const ActorLoad& a) const {
     if (tasks_.max_tasks == 0 || a.tasks == 0) return true;
     return a.tasks < tasks_.max_tasks &&
-           (tasks_.pipeline_s <= 0.0 || (a.measured && a.ewma_s < tasks_.pipeline_s));
+           (tasks_.pipeline_s <= 0.0 || (a.measured && a.low_s < tasks_.pipeline_s));
   }
 
   std::vector<ActorLoad> actors_;

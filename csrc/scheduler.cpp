@@ -491,7 +491,7 @@ void Scheduler::check_held(uint32_t actor, int64_t calls, bool task, const char*
 }
 
 Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain,
-                          int64_t calls, int64_t method) {
+                          int64_t calls, int64_t method, bool timed) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t a = check_actor(actor);
   const uint32_t method_id = check_method(method);
@@ -503,7 +503,7 @@ Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool 
   check_held(a, calls, true, "complete");
   const Standing before = standing(a);
   loads_.add(a, -static_cast<int32_t>(calls), -1);
-  loads_.record(a, started_s, ended_s, ok, static_cast<uint32_t>(calls), method_id);
+  loads_.record(a, started_s, ended_s, ok, static_cast<uint32_t>(calls), method_id, timed);
   changed(a, before);
   eject_if_due(a, ended_s);
   end_ejections(ended_s);

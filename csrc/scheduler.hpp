@@ -100,10 +100,11 @@ class Scheduler {
   Decision submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload = 0,
                   double now_s = std::numeric_limits<double>::quiet_NaN(), int64_t method = 0,
                   bool alone = false);
-  // Ends one Ray task of `calls` calls (of `method` for its service-time sample). With `drain`
-  // false the queued calls its slots could take are left for drain().
+  // Ends one Ray task of `calls` calls (of `method` for its service-time sample; none without
+  // `timed`, when the end time is not known). With `drain` false the queued calls its slots
+  // could take are left for drain().
   Drain complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain = true,
-                 int64_t calls = 1, int64_t method = 0);
+                 int64_t calls = 1, int64_t method = 0, bool timed = true);
   Drain drain(int64_t actor);
   // Gives back `calls` call slots that no call used (queued calls given a slot after they were
   // cancelled), and with `task` the task slot they were to share.

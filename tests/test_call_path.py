@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+import ray
 from ray.exceptions import ActorDiedError as RayActorDiedError
 from ray.exceptions import GetTimeoutError, RayTaskError
 
@@ -629,3 +630,148 @@ def test_views_that_are_gone_leave_no_group_behind() -> None:
     gc.collect()
     settle()
     assert h.scheduler.num_groups() == 1  # only the whole mesh: decisions cost what they did
+
+
+# -- batches: calls that waited for one actor ride one Ray task --------------------------------
+def batch_result(*results: Any) -> RayTaskError:
+    """What a batch in which some call raised ends with (`_batch.BatchRaised`)."""
+    return RayTaskError("Fake._actormesh_batch", "Traceback: ...",
+                        _batch.BatchRaised(list(results)))
+
+
+def queue_behind_one(h: Harness, *args: Any, method: str = "f") -> list[am.MeshFuture[Any]]:
+    """Occupy actor 0's one task slot, then queue a call per argument behind it."""
+    h.method().choose("first")
+    return [h.method(method).choose(a) for a in args]
+
+
+def test_calls_that_waited_ride_one_task_sent_from_the_loop_thread() -> None:
+    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    futures = queue_behind_one(h, 1, 2, 3)
+    h.finish(h.pending(0)[0], "first")
+    [batch] = h.pending(0)
+    assert batch.method == _batch.BATCH
+    assert batch.args == ([("f", (1,), {}), ("f", (2,), {}), ("f", (3,), {})],)
+    assert h.sent_from == ["MainThread", "actormesh-loop"]
+    assert h.scheduler.in_flight() == [3] and h.scheduler.tasks() == [1]
+    h.finish(batch, [10, 20, 30])
+    assert [f.get(timeout=5) for f in futures] == [10, 20, 30]
+    assert_idle(h)
+
+
+def test_a_call_that_raised_in_a_batch_fails_alone() -> None:
+    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    futures = queue_behind_one(h, 1, 2, 3)
+    h.finish(h.pending(0)[0], "first")
+    failed = _batch.Failed(raised("only two"))
+    h.finish(h.pending(0)[0], kind=_ray.RAISED, error=batch_result(10, failed, 30))
+    assert futures[0].get(timeout=5) == 10 and futures[2].get(timeout=5) == 30
+    with pytest.raises(am.ActorError, match="rank 0 .* only two"):
+        futures[1].get(timeout=5)
+    assert_idle(h)
+
+
+def test_a_batch_is_read_once_whatever_the_number_of_its_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    futures = queue_behind_one(h, 1, 2, 3, 4)
+    h.finish(h.pending(0)[0], "first")
+    reads: list[Any] = []
+    monkeypatch.setattr(_batch, "ray", types.SimpleNamespace(
+        get=lambda ref, timeout=None: reads.append(ref) or _fake_get(ref)))
+    h.finish(h.pending(0)[0], [1, 2, 3, 4])
+    assert [f.get(timeout=5) for f in futures] == [1, 2, 3, 4]
+    assert len(reads) == 1
+
+
+def test_a_call_cancelled_after_its_batch_was_formed_gives_its_slot_back() -> None:
+    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    futures = queue_behind_one(h, 1, 2, 3)
+    held, release = threading.Event(), threading.Event()
+    _loop.post(lambda: (held.set(), release.wait(10)))  # the batch waits for the loop thread
+    assert held.wait(10)
+    first = h.pending(0)[0]
+    callback, first.callback = first.callback, None
+    assert callback is not None
+    first.finished.set()
+    h.ray_thread.run(lambda: callback(None))
+    futures[1].cancel()
+    release.set()
+    settle()
+    [batch] = h.pending(0)
+    assert batch.args == ([("f", (1,), {}), ("f", (3,), {})],)
+    assert h.scheduler.in_flight() == [2]
+    h.finish(batch, ["one", "three"])
+    assert (futures[0].get(timeout=5), futures[2].get(timeout=5)) == ("one", "three")
+    assert_idle(h)
+
+
+def test_a_batch_whose_actor_died_reroutes_the_calls_with_retries_and_fails_the_others() -> None:
+    h = Harness(2, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    view = h.view(0)
+    view.choose("first")
+    h.method().choose("other")
+    kept = h.method(retries=1).choose(1)
+    lost = h.method().choose(2)
+    h.finish(h.pending(0)[0], "first")  # actor 0 takes both queued calls as one batch
+    [batch] = h.pending(0)
+    h.finish(batch, kind=_ray.DIED, error=RayActorDiedError())
+    with pytest.raises(am.ActorDiedError, match="rank 0"):
+        lost.get(timeout=5)
+    h.finish_all(1, "other")
+    [resent] = h.pending(1)
+    assert resent.args == (1,)
+    h.finish(resent, "again")
+    assert kept.get(timeout=5) == "again"
+    assert_idle(h)
+
+
+def test_a_method_declared_alone_and_an_object_ref_argument_never_ride() -> None:
+    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    alone = MeshMethod(h.target, "solo", CallOptions(), alone=True)
+    h.method().choose("first")
+    alone.choose(1)
+    alone.choose(2)
+    h.method().choose(ray.ObjectRef.nil())  # Ray resolves it only for a call of its own
+    h.method().choose(3)
+    h.method().choose(4)
+    h.finish(h.pending(0)[0], "first")
+    sizes = []
+    while h.pending(0):
+        ref = h.pending(0)[0]
+        sizes.append(len(ref.args[0]) if ref.method == _batch.BATCH else 1)
+        h.finish(ref, [None] * sizes[-1] if ref.method == _batch.BATCH else None)
+    assert sizes == [1, 1, 1, 2]
+    assert_idle(h)
+
+
+def test_a_value_read_before_its_end_is_reported_ends_the_call_once_on_the_readers_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+    [ref] = h.pending(0)
+    ref.value = "early"
+    ref.finished.set()  # the value exists; Ray's callback has not run yet
+    assert future.get(timeout=5) == "early"
+    assert h.scheduler.in_flight() == [0] and future.done()
+    callback, ref.callback = ref.callback, None
+    assert callback is not None
+    with caplog.at_level(logging.ERROR, logger="actormesh"):
+        h.ray_thread.run(lambda: callback(None))  # the late report ends nothing twice
+    assert caplog.text == ""
+    assert_idle(h)
+
+
+def test_a_call_cancelled_while_its_value_is_read_raises_its_cancellation() -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+    future.cancel()
+    [ref] = h.pending(0)
+    ref.value = "late"
+    ref.finished.set()
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    h.finish(ref, "late")
+    assert_idle(h)

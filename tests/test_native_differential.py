@@ -135,7 +135,8 @@ def run_both(
             method = rng.choice(methods)
             if rng.random() < 0.98:  # a task that is running
                 actor, calls = running.pop(rng.randrange(len(running)))
-                started(same("complete", actor, begun, clock, ok, calls=calls, method=method))
+                started(same("complete", actor, begun, clock, ok, calls=calls, method=method,
+                             timed=rng.random() < 0.9))
             else:  # any actor and count, to check extra completes
                 started(same("complete", rng.randrange(num_actors), begun, clock, ok,
                              calls=rng.randint(1, 3), method=method))
