@@ -36,7 +36,7 @@ def get(futures: MeshFuture[Any] | Sequence[MeshFuture[Any]],
     once. The first error in order is raised (a future made with `return_exceptions=True`
     returns its error as its value); `TimeoutError` if they are not all done within `timeout`
     seconds (the calls go on)."""
-    _check_timeout(timeout)
+    check_timeout(timeout)
     if isinstance(futures, MeshFuture):
         return futures.get(timeout)
     found = _futures(futures, "get")
@@ -53,7 +53,7 @@ def wait(futures: Sequence[MeshFuture[R]], num_returns: int = 1,
     """`(done, pending)` as `ray.wait` returns them: once `num_returns` of `futures` are done,
     or `timeout` seconds have passed, the first `num_returns` done futures in the order given,
     and the others in the order given."""
-    _check_timeout(timeout)
+    check_timeout(timeout)
     found = _futures(futures, "wait")
     if not found:
         return [], []
@@ -181,7 +181,8 @@ def _futures(futures: Any, verb: str) -> list[MeshFuture[Any]]:
     return found
 
 
-def _check_timeout(timeout: float | None) -> None:
+def check_timeout(timeout: float | None) -> None:
+    """None, or a finite number of seconds >= 0 (0 polls, as `ray.wait` does)."""
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \

@@ -65,7 +65,8 @@ class Call:
         self.router = router
         self.method = method
         self.method_id = method_id  # the scheduler's id of `method` (`Router.method_id`)
-        self.alone = alone  # never rides a batch (e.g. an ObjectRef argument Ray must resolve)
+        # Never rides a batch: an ObjectRef argument Ray must resolve, or a call `fn` makes.
+        self.alone = alone or fn is not None
         self.fn = fn  # makes the Ray call itself, given the actor's handle (ActorPool.submit)
         self.args = args
         self.kwargs = kwargs

@@ -3,13 +3,18 @@
 
 #include <utility>
 
-#include "indexed_heap.hpp"
-#include "policy.hpp"
+#include "policy_least_loaded.hpp"
 
 namespace actormesh {
 
-// The eligible member with the fewest calls in flight; among those, the one measured fastest
-// (an unmeasured member first, so that it gets measured), then the lowest rank.
+// Calls in flight, then the measured service time (an unmeasured member first, so that it gets
+// measured).
+inline std::pair<uint32_t, double> calls_then_service_time(const ActorLoad& load) {
+  return {load.in_flight, load.measured ? load.ewma_s : 0.0};
+}
+
+// The eligible member with the fewest calls in flight; among those, the one measured fastest,
+// then the lowest rank.
 //
 // What makes the policy adaptive lives in the load table and the drain, configured by the
 // library for actors that run one call at a time: an actor is eligible only with a free task
@@ -17,24 +22,6 @@ namespace actormesh {
 // measured short, so a slow call never queues inside a busy actor), the calls that find no
 // eligible actor wait in the group's FIFO queue, as with `pull`, and a freed slot takes them as
 // one batch (coalescing).
-class AdaptivePolicy final : public Policy {
- public:
-  explicit AdaptivePolicy(uint32_t size) : heap_(size) {}
-
-  void update(const LoadTable& loads, uint32_t pos, uint32_t actor, bool,
-              bool eligible) override {
-    if (!eligible) {
-      heap_.erase(pos);
-      return;
-    }
-    const ActorLoad& load = loads[actor];
-    heap_.set(pos, {load.in_flight, load.measured ? load.ewma_s : 0.0});
-  }
-
-  uint32_t pick(const PickContext&) override { return heap_.top().pos; }
-
- private:
-  IndexedHeap<std::pair<uint32_t, double>> heap_;  // (in_flight, service time), eligible only
-};
+using AdaptivePolicy = LeastKeyPolicy<std::pair<uint32_t, double>, calls_then_service_time>;
 
 }  // namespace actormesh

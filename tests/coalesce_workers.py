@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
-from collections import Counter
 from typing import Any
 
 import ray
+from workers import Worker
 
 import actormesh as am
 
@@ -19,11 +18,11 @@ def task() -> tuple[str, str]:
     return context.get_task_id() or "", context.get_task_name() or ""
 
 
-class Batched:
+class Batched(Worker):
     """A synchronous actor: it runs a batch's calls in order."""
 
     def __init__(self) -> None:
-        self.executions: Counter[int] = Counter()
+        super().__init__()
         self.order: list[int] = []
 
     @am.method
@@ -37,34 +36,12 @@ class Batched:
         return (x, *task())
 
     @am.method
-    def counted(self, x: int) -> tuple[int, int]:
-        """Counts its executions per input; returns (x, pid)."""
-        self.executions[x] += 1
-        return x, os.getpid()
-
-    @am.method
-    def execution_counts(self) -> dict[int, int]:
-        return dict(self.executions)
-
-    @am.method
     def ran_in_order(self) -> list[int]:
         return list(self.order)
 
     @am.method
-    def checked(self, x: int) -> int:
-        if x < 0:
-            raise ValueError(f"negative: {x}")
-        return x
-
-    @am.method
     def echo(self, value: Any) -> Any:
         return value
-
-    @am.method
-    def block(self, sig: Any) -> int:
-        """Hold the actor until `sig` is sent."""
-        ray.get(sig.wait.remote())
-        return am.current_rank().rank
 
 
 class AsyncBatched:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import ray
@@ -24,6 +24,7 @@ import actormesh as am
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
+R = TypeVar("R")
 ONE_TASK = am.Policy("adaptive", max_tasks=1, batch_budget_s=60.0)
 
 
@@ -60,6 +61,15 @@ def sent_signal() -> Any:
 def release(sig: Any, blocked: list[am.MeshFuture[Any]]) -> None:
     sig.send.remote()
     am.get(blocked, timeout=60)
+
+
+def ride(mesh: am.ActorMesh[Any], make: Callable[[], list[am.MeshFuture[R]]]) -> list[R]:
+    """The values of the calls `make()` makes while every actor of `mesh` is held: they wait,
+    then ride together when the actors are released."""
+    sig, blocked = hold(mesh)
+    futures = make()
+    release(sig, blocked)
+    return am.get(futures, timeout=60)
 
 
 def tasks_of(results: list[tuple[int, str, str]]) -> set[str]:
@@ -107,10 +117,7 @@ def test_a_call_that_raises_in_a_batch_fails_alone_and_as_it_would_alone(
 
 def test_calls_of_a_method_declared_alone_are_never_batched(mesh: am.ActorMesh[Batched]) -> None:
     one = mesh[0]
-    sig, blocked = hold(one)
-    futures = [one.methods.alone.choose(x) for x in range(4)]
-    release(sig, blocked)
-    results = am.get(futures, timeout=60)
+    results = ride(one, lambda: [one.methods.alone.choose(x) for x in range(4)])
     assert len(tasks_of(results)) == 4
     assert {name for _, _, name in results} == {"Batched.alone"}
 
@@ -118,10 +125,8 @@ def test_calls_of_a_method_declared_alone_are_never_batched(mesh: am.ActorMesh[B
 def test_coalesce_1_sends_every_call_alone() -> None:
     with am.ActorMesh(Batched, num_cpus=0.1, balancer=ONE_TASK, coalesce=1) as one:
         measured(one)
-        sig, blocked = hold(one)
-        futures = [one.methods.where.choose(x) for x in range(4)]
-        release(sig, blocked)
-        assert len(tasks_of(am.get(futures, timeout=60))) == 4
+        results = ride(one, lambda: [one.methods.where.choose(x) for x in range(4)])
+        assert len(tasks_of(results)) == 4
 
 
 def test_a_call_cancelled_while_it_waits_never_runs_and_the_others_ride(
@@ -143,12 +148,10 @@ def test_an_object_ref_argument_is_resolved_as_for_a_lone_call(
     mesh: am.ActorMesh[Batched],
 ) -> None:
     one = mesh[0]
-    sig, blocked = hold(one)
     ref = ray.put([1, 2, 3])
-    futures = [one.methods.echo.choose(5), one.methods.echo.choose(ref),
-               one.methods.echo.choose(value=ref)]
-    release(sig, blocked)
-    assert am.get(futures, timeout=60) == [5, [1, 2, 3], [1, 2, 3]]
+    values = ride(one, lambda: [one.methods.echo.choose(5), one.methods.echo.choose(ref),
+                                one.methods.echo.choose(value=ref)])
+    assert values == [5, [1, 2, 3], [1, 2, 3]]
 
 
 def test_a_batched_call_has_an_object_ref_of_its_own_value(mesh: am.ActorMesh[Batched]) -> None:
@@ -265,10 +268,7 @@ def test_load_counts_each_call_of_a_batch_and_returns_to_zero(
     mesh: am.ActorMesh[Batched],
 ) -> None:
     one = mesh[0]
-    sig, blocked = hold(one)
-    futures = [one.methods.where.choose(x) for x in range(8)]
-    release(sig, blocked)
-    am.get(futures, timeout=60)
+    ride(one, lambda: [one.methods.where.choose(x) for x in range(8)])
     scheduler = mesh._root.router.scheduler
     wait_until(lambda: mesh.load() == [0, 0] and scheduler.tasks() == [0, 0])
 

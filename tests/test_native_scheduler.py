@@ -7,6 +7,7 @@ import math
 import threading
 import weakref
 from collections import deque
+from typing import Any
 
 import pytest
 
@@ -1024,6 +1025,16 @@ def test_without_stickiness_keys_only_reach_the_picker() -> None:
 # Ray tasks per actor: the pipeline depth
 
 
+def busy_with_queue(queued: int, **settings: Any) -> Scheduler:
+    """One `adaptive` actor with one task slot, busy, and `queued` calls waiting for it."""
+    s = Scheduler(1, "adaptive", max_tasks=1, **settings)
+    dispatch(s)
+    for _ in range(queued):
+        s.submit(0)
+    return s
+
+
+
 def test_adaptive_holds_one_task_per_actor_until_its_calls_are_measured_short() -> None:
     s = Scheduler(2, "adaptive", max_tasks=2, pipeline_s=0.002)
     assert [dispatch(s), dispatch(s)] == [0, 1]
@@ -1068,28 +1079,19 @@ def test_a_batch_is_one_task_carrying_several_calls_in_flight() -> None:
 
 
 def test_a_batch_is_bounded_by_coalesce() -> None:
-    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=4)
-    dispatch(s)
-    for _ in range(10):
-        s.submit(0)
+    s = busy_with_queue(10, coalesce=4)
     [batch] = s.complete(0, 0.0, 1e-5, True)
     assert len(batch.tickets) == 4
 
 
 def test_a_batch_is_bounded_by_the_budget_of_expected_service_time() -> None:
-    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=64, batch_budget_s=0.002)
-    dispatch(s)
-    for _ in range(10):
-        s.submit(0)
+    s = busy_with_queue(10, coalesce=64, batch_budget_s=0.002)
     [batch] = s.complete(0, 0.0, 0.0005, True)  # 0.5 ms a call: 4 fit in 2 ms
     assert len(batch.tickets) == 4
 
 
 def test_calls_slower_than_the_budget_go_alone() -> None:
-    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=64, batch_budget_s=0.002)
-    dispatch(s)
-    for _ in range(3):
-        s.submit(0)
+    s = busy_with_queue(3, coalesce=64, batch_budget_s=0.002)
     assert [len(d.tickets) for d in s.complete(0, 0.0, 0.02, True)] == [1]
 
 
@@ -1200,10 +1202,7 @@ def test_a_task_of_more_calls_than_in_flight_cannot_complete() -> None:
 
 
 def test_release_gives_back_the_calls_of_a_batch_not_sent_and_its_task() -> None:
-    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8)
-    dispatch(s)
-    for _ in range(3):
-        s.submit(0)
+    s = busy_with_queue(3, coalesce=8)
     s.complete(0, 0.0, 1e-5, True)
     assert (s.in_flight(), s.tasks()) == ([3], [1])
     s.release(0, calls=1, task=False)  # one call of the batch was cancelled before the send
