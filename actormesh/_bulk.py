@@ -106,6 +106,7 @@ def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bo
     for (future, ref), value in zip(lone, values):
         call = future._calls[0]
         call.router.read_ended(call, ref, timed=False)  # read together: each end is unknown
+        future._future.wait()  # ended: here, or by Ray's callback a moment from now
         if future._future.exception() is None:
             future._store(value, None)
     for batch, value in zip(batches.values(), values[len(lone):]):

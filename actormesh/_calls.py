@@ -208,6 +208,7 @@ def read_sent(call: Call, timeout: float | None) -> Any:
         return NOT_READ
     call.router.read_ended(call, ref, timed=not late)
     future = call.future
+    future.wait()  # settled once ended, here or (a moment later) by Ray's callback
     if future.done() and future.exception() is not None:
         return NOT_READ
     return value
@@ -417,7 +418,9 @@ class Router:
     def read_ended(self, call: Call, ref: Any, *, timed: bool) -> None:
         """The caller read a value of `call` sent as `ref`: it ended well, and unless Ray's
         callback has seen that already, it ends here, on the caller's thread (`timed`: the
-        caller waited for the value, so its end is now, a service-time sample)."""
+        caller waited for the value, so its end is now, a service-time sample). If the callback
+        is ending it, its future settles once its slot is free: wait for that before relying
+        on the load."""
         if _finishes(call, ref):
             self._end(call, None, _ray.OK, timed)
 
