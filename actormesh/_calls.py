@@ -175,7 +175,7 @@ def own_ref(call: Call) -> ray.ObjectRef[Any]:
     if call.out is batch.ref:
         value, error = batch.element(call.index)
         put = ray.put(error if error is not None else value)
-        with batch._lock:
+        with _finishing:
             if call.out is batch.ref:
                 call.out = put
     own: ray.ObjectRef[Any] = call.out
@@ -207,11 +207,8 @@ def read_sent(call: Call, timeout: float | None) -> Any:
     except RayError:  # GetTimeoutError included
         return NOT_READ
     call.router.read_ended(call, ref, timed=not late)
-    future = call.future
-    future.wait()  # settled once ended, here or (a moment later) by Ray's callback
-    if future.done() and future.exception() is not None:
-        return NOT_READ
-    return value
+    call.future.wait()  # settled once ended, here or (a moment later) by Ray's callback
+    return NOT_READ if call.future.exception() is not None else value
 
 
 class Router:

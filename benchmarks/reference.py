@@ -17,7 +17,7 @@ Shared rules, native and here:
 - least_loaded and pull: the fewest calls in flight, lowest rank on ties. pull is least_loaded
   with max_in_flight defaulting to 1, so the group queue is its central queue.
 - sed: the least (in_flight + 1) * ewma_s, then fewer calls in flight, then lowest rank.
-- adaptive: the fewest calls in flight, then the least ewma_s (unmeasured: 0), then lowest rank.
+- adaptive: the fewest calls in flight, then the least recently sent a task, then lowest rank.
 - Each actor holds at most max_tasks Ray tasks (0: unbounded), a task beyond the first only while
   its ewma_s is below pipeline_s (when that is > 0).
 - affinity: the key's last actor keeps the call unless its in_flight exceeds the group's least
@@ -91,6 +91,7 @@ class Decision:
 class ActorLoad:
     in_flight: int = 0
     tasks: int = 0
+    last_task: int = 0  # when it was last sent a task, counted in tasks sent
     alive: bool = True
     ewma_s: float | None = None  # None until the first sample
     low_s: float = 0.0  # slow to rise: for the pipeline rule
@@ -191,6 +192,7 @@ class Scheduler:
         }[policy]
         self._loads = [ActorLoad() for _ in range(num_actors)]
         self._methods = [Method(alone=False)]  # method 0: any call
+        self._tasks_sent = 0
         # Kept incrementally, like the native core, so that both round the mean EWMA alike.
         self._ewma_sum = 0.0
         self._measured = 0
@@ -402,11 +404,7 @@ class Scheduler:
         return min(eligible, key=expected_delay)
 
     def _pick_adaptive(self, g: Group, eligible: Sequence[int], key: int | None) -> int:
-        def load(actor: int) -> tuple[int, float]:
-            ewma = self._loads[actor].ewma_s
-            return (self._loads[actor].in_flight, 0.0 if ewma is None else ewma)
-
-        return min(eligible, key=load)
+        return min(eligible, key=lambda a: (self._loads[a].in_flight, self._loads[a].last_task))
 
     def _pick_external(self, g: Group, eligible: Sequence[int], key: int | None) -> int:
         assert self._picker is not None
@@ -513,6 +511,9 @@ class Scheduler:
         was = self._eligible(actor)
         self._loads[actor].in_flight += calls
         self._loads[actor].tasks += tasks
+        if tasks > 0:
+            self._tasks_sent += 1
+            self._loads[actor].last_task = self._tasks_sent
         self._blocked += was - self._eligible(actor)
 
     def _set_alive(self, actor: int, alive: bool) -> None:

@@ -16,6 +16,7 @@ enum class Status : uint8_t { alive, restarting, dead };
 struct ActorLoad {
   uint32_t in_flight = 0;  // calls dispatched or acquired and not yet completed
   uint32_t tasks = 0;      // Ray tasks carrying them: a batch of k calls is k in flight, 1 task
+  uint64_t last_task = 0;  // when it was last sent a task, counted in tasks sent to the mesh
   Status status = Status::alive;
   bool measured = false;   // ewma_s holds at least one sample
   double ewma_s = 0.0;     // moving average of service time, seconds
@@ -113,6 +114,7 @@ class LoadTable {
     ActorLoad& a = actors_[actor];
     a.in_flight += calls;
     a.tasks += tasks;
+    if (tasks > 0) a.last_task = ++tasks_sent_;
   }
 
   // Registers a method; its id indexes `method`. Method 0 exists from the start: any call.
@@ -188,6 +190,7 @@ class LoadTable {
   double prior_s_;  // the estimate a first sample moves from; 0: the mean of measured actors
   double ewma_sum_ = 0.0;
   uint32_t measured_ = 0;
+  uint64_t tasks_sent_ = 0;
 };
 
 }  // namespace actormesh

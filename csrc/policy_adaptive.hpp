@@ -7,14 +7,14 @@
 
 namespace actormesh {
 
-// Calls in flight, then the measured service time (an unmeasured member first, so that it gets
-// measured).
-inline std::pair<uint32_t, double> calls_then_service_time(const ActorLoad& load) {
-  return {load.in_flight, load.measured ? load.ewma_s : 0.0};
+// Calls in flight, then when the actor was last sent a task.
+inline std::pair<uint32_t, uint64_t> calls_then_last_task(const ActorLoad& load) {
+  return {load.in_flight, load.last_task};
 }
 
-// The eligible member with the fewest calls in flight; among those, the one measured fastest,
-// then the lowest rank.
+// The eligible member with the fewest calls in flight; among those, the one least recently sent
+// a task (then the lowest rank): idle actors take turns, so their estimates stay fresh and a
+// restarted or new actor gets its share at once.
 //
 // What makes the policy adaptive lives in the load table and the drain, configured by the
 // library for actors that run one call at a time: an actor is eligible only with a free task
@@ -22,6 +22,6 @@ inline std::pair<uint32_t, double> calls_then_service_time(const ActorLoad& load
 // measured short, so a slow call never queues inside a busy actor), the calls that find no
 // eligible actor wait in the group's FIFO queue, as with `pull`, and a freed slot takes them as
 // one batch (coalescing).
-using AdaptivePolicy = LeastKeyPolicy<std::pair<uint32_t, double>, calls_then_service_time>;
+using AdaptivePolicy = LeastKeyPolicy<std::pair<uint32_t, uint64_t>, calls_then_last_task>;
 
 }  // namespace actormesh

@@ -1054,15 +1054,16 @@ def test_adaptive_keeps_an_actor_measured_slow_to_one_task() -> None:
     assert s.tasks() == [1]
 
 
-def test_adaptive_picks_the_least_loaded_then_the_fastest_actor() -> None:
+def test_adaptive_picks_the_least_loaded_then_the_actor_least_recently_used() -> None:
     s = Scheduler(3, "adaptive", max_tasks=4)
-    for actor, took in ((0, 0.003), (1, 0.001), (2, 0.002)):
+    for actor in (1, 2, 0):
         s.acquire(actor)
-        s.complete(actor, 0.0, took, True)
-    assert dispatch(s) == 1  # all idle: the fastest
-    assert dispatch(s) == 2  # 1 is busy: the fastest idle one
+        s.complete(actor, 0.0, 0.001, True)
+    assert dispatch(s) == 1  # all idle: the one that waited longest
+    assert dispatch(s) == 2  # 1 is busy
     s.acquire(0)
-    assert dispatch(s) == 1
+    assert dispatch(s) == 1  # every actor has a call: 1 was used longest ago
+    assert s.in_flight() == [1, 2, 1]
 
 
 def test_a_batch_is_one_task_carrying_several_calls_in_flight() -> None:
