@@ -67,11 +67,10 @@ class MeshFuture(Generic[R]):
         left = timeout
         if self._one and self._cache is _UNREAD and not self._future.done():
             start = time.monotonic()
-            value = _calls.read_sent(self._calls[0], timeout)
+            value = _calls.read_sent(self._calls[0], timeout)  # settles the future if it reads
             if value is not _calls.NOT_READ:
                 self._store(value, None)
-                return self._outcome()
-            if timeout is not None:
+            elif timeout is not None:
                 left = max(timeout - (time.monotonic() - start), 0.0)
         if not self._future.wait(left):
             raise TimeoutError(f"{self._label} did not finish within {timeout} s")
@@ -92,19 +91,8 @@ class MeshFuture(Generic[R]):
         return self._outcome()
 
     def _outcome(self) -> R:
-        """The settled result (or a single call's value read before its end was reported): the
-        value, or the error raised (returned with `return_exceptions`)."""
-        outcome: tuple[Any, BaseException | None] = (
-            self._cache if self._one and self._cache is not _UNREAD else self._settled_outcome())
-        value, error = outcome
-        if error is None:
-            result: R = value
-            return result
-        if self._return_exceptions and not isinstance(error, cf.CancelledError):
-            return error  # type: ignore[return-value]
-        raise error
-
-    def _settled_outcome(self) -> tuple[Any, BaseException | None]:
+        """The settled result: the value, or the error raised (returned with
+        `return_exceptions`)."""
         error = self._future.exception()
         if error is None and self._one:
             if self._cache is _UNREAD:
@@ -112,9 +100,14 @@ class MeshFuture(Generic[R]):
                     self._store(read(self._calls[0]), None)
                 except Exception as err:  # noqa: BLE001 - the call's error, mapped by read
                     self._store(None, err)
-            cached: tuple[Any, BaseException | None] = self._cache
-            return cached
-        return (None if error is not None else self._future.result()), error
+            value, error = self._cache
+        else:
+            value = None if error is not None else self._future.result()
+        if error is None:
+            return value  # type: ignore[no-any-return]
+        if self._return_exceptions and not isinstance(error, cf.CancelledError):
+            return error  # type: ignore[return-value]
+        raise error
 
     def _store(self, value: Any, error: BaseException | None) -> None:
         with _cache_lock:
@@ -122,7 +115,7 @@ class MeshFuture(Generic[R]):
                 self._cache = (value, error)
 
     def done(self) -> bool:
-        return self._cache is not _UNREAD or self._future.done()
+        return self._future.done()
 
     def add_done_callback(self, callback: Callable[[MeshFuture[R]], object]) -> None:
         """Call `callback(self)` once the result is in (soon if it is), on the library's user
