@@ -14,7 +14,10 @@
                                               by one callback, Batch.ended -> Router._ended_batch
     MeshFuture.get() -> read(call)            ray.get(ref) on the caller's thread (a batch's
                                               value is read once, each call takes its element),
-                                              errors named with the actor's rank and coordinates
+                                              errors named with the actor's rank and coordinates;
+                                              a lone call is read as soon as its value exists
+                                              (read_sent), and ended there if Ray's callback
+                                              has not ended it yet
 
 `all` and `shard` send one call per actor with `Router.send`; their future combines the parts
 on the loop thread (`_future`). A call's slot is freed exactly once, when it ends, whatever the

@@ -17,7 +17,7 @@ Shared rules, native and here:
 - least_loaded and pull: the fewest calls in flight, lowest rank on ties. pull is least_loaded
   with max_in_flight defaulting to 1, so the group queue is its central queue.
 - sed: the least (in_flight + 1) * ewma_s, then fewer calls in flight, then lowest rank.
-- adaptive: the fewest calls in flight, then the least recently sent a task, then lowest rank.
+- adaptive: the fewest calls in flight, then the most recently sent a task, then lowest rank.
 - Each actor holds at most max_tasks Ray tasks (0: unbounded), a task beyond the first only while
   its ewma_s is below pipeline_s (when that is > 0).
 - affinity: the key's last actor keeps the call unless its in_flight exceeds the group's least
@@ -404,7 +404,7 @@ class Scheduler:
         return min(eligible, key=expected_delay)
 
     def _pick_adaptive(self, g: Group, eligible: Sequence[int], key: int | None) -> int:
-        return min(eligible, key=lambda a: (self._loads[a].in_flight, self._loads[a].last_task))
+        return min(eligible, key=lambda a: (self._loads[a].in_flight, -self._loads[a].last_task))
 
     def _pick_external(self, g: Group, eligible: Sequence[int], key: int | None) -> int:
         assert self._picker is not None

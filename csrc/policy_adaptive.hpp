@@ -1,20 +1,22 @@
 // `adaptive`, the default: a central queue, few Ray tasks per actor, the least loaded free actor.
 #pragma once
 
+#include <limits>
 #include <utility>
 
 #include "policy_least_loaded.hpp"
 
 namespace actormesh {
 
-// Calls in flight, then when the actor was last sent a task.
-inline std::pair<uint32_t, uint64_t> calls_then_last_task(const ActorLoad& load) {
-  return {load.in_flight, load.last_task};
+// Calls in flight, then how long ago the actor was last sent a task (most recent first).
+inline std::pair<uint32_t, uint64_t> calls_then_staleness(const ActorLoad& load) {
+  return {load.in_flight, std::numeric_limits<uint64_t>::max() - load.last_task};
 }
 
-// The eligible member with the fewest calls in flight; among those, the one least recently sent
-// a task (then the lowest rank): idle actors take turns, so their estimates stay fresh and a
-// restarted or new actor gets its share at once.
+// The eligible member with the fewest calls in flight; among those, the one most recently sent a
+// task (then the lowest rank), as `ray.util.ActorPool` takes its most recently freed actor: a
+// process that has just run a call answers the next one faster than one that has slept (one
+// call at a time on 4 actors here: 1.28x the latency when they take turns).
 //
 // What makes the policy adaptive lives in the load table and the drain, configured by the
 // library for actors that run one call at a time: an actor is eligible only with a free task
@@ -22,6 +24,6 @@ inline std::pair<uint32_t, uint64_t> calls_then_last_task(const ActorLoad& load)
 // measured short, so a slow call never queues inside a busy actor), the calls that find no
 // eligible actor wait in the group's FIFO queue, as with `pull`, and a freed slot takes them as
 // one batch (coalescing).
-using AdaptivePolicy = LeastKeyPolicy<std::pair<uint32_t, uint64_t>, calls_then_last_task>;
+using AdaptivePolicy = LeastKeyPolicy<std::pair<uint32_t, uint64_t>, calls_then_staleness>;
 
 }  // namespace actormesh

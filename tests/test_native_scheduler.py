@@ -1054,15 +1054,17 @@ def test_adaptive_keeps_an_actor_measured_slow_to_one_task() -> None:
     assert s.tasks() == [1]
 
 
-def test_adaptive_picks_the_least_loaded_then_the_actor_least_recently_used() -> None:
+def test_adaptive_picks_the_least_loaded_then_the_actor_most_recently_used() -> None:
     s = Scheduler(3, "adaptive", max_tasks=4)
-    for actor in (1, 2, 0):
+    for actor in (1, 0, 2):
         s.acquire(actor)
         s.complete(actor, 0.0, 0.001, True)
-    assert dispatch(s) == 1  # all idle: the one that waited longest
-    assert dispatch(s) == 2  # 1 is busy
-    s.acquire(0)
-    assert dispatch(s) == 1  # every actor has a call: 1 was used longest ago
+    assert dispatch(s) == 2  # all idle: the one used last
+    assert dispatch(s) == 0  # 2 is busy: the one used before it
+    s.complete(0, 0.0, 0.001, True)
+    assert dispatch(s) == 0  # idle again, and the most recent
+    s.acquire(1)
+    assert dispatch(s) == 1  # every actor has a call: 1 was used last
     assert s.in_flight() == [1, 2, 1]
 
 
