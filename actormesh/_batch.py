@@ -145,7 +145,7 @@ class Batch:
     def __init__(self, router: Router, calls: list[Call], actor: int, epoch: int,
                  started: float, method: int) -> None:
         self.router = router
-        self.calls = calls
+        self.calls = calls  # until it has ended
         self.actor = actor
         self.epoch = epoch
         self.started = started

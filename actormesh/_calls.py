@@ -167,12 +167,14 @@ async def read_async(call: Call) -> Any:
     return value
 
 
-def own_ref(call: Call) -> ray.ObjectRef[Any]:
+def own_ref(call: Call) -> ray.ObjectRef[Any] | None:
     """The ObjectRef of `call`'s own value: its Ray call's, or for a call that rode a batch
-    (whose task holds every call's value), one put for it once it has ended, on first use."""
+    (whose task holds every call's value), one put for it once it has ended, on first use. A
+    call still waiting for a slot is waited for; None if it never ran (it failed first)."""
+    if call.ref is None:
+        call.future.wait()
     batch = call.batch
     if batch is None:
-        assert call.ref is not None
         return call.ref
     call.future.wait()
     if call.out is batch.ref:
@@ -451,7 +453,7 @@ class Router:
     def _ended_batch(self, batch: Batch, error: BaseException | None) -> None:
         """As `_ended`, for every call of a batch at once: one outcome read, one native call
         that frees every slot (one sample per call), then each call settled or retried."""
-        calls = batch.calls
+        calls, batch.calls = batch.calls, []  # its calls refer to it: no cycle once it has ended
         try:
             ended = time.perf_counter()
             outcome = _ray.FAILED if error is not None else _ray.outcome(batch.ref)

@@ -158,12 +158,12 @@ def test_a_batched_call_has_an_object_ref_of_its_own_value(mesh: am.ActorMesh[Ba
     one = mesh[0]
     sig, blocked = hold(one)
     futures = [one.methods.checked.choose(x) for x in (4, -4)]
-    release(sig, blocked)
-    am.wait(futures, num_returns=2, timeout=60)
-    assert futures[0]._calls[0].batch is not None
+    sig.send.remote()  # the calls may still wait for a slot: `.ref` waits for them
     assert ray.get(futures[0].ref, timeout=60) == 4
     with pytest.raises(ValueError, match="negative: -4"):
         ray.get(futures[1].ref, timeout=60)
+    assert futures[0]._calls[0].batch is not None
+    am.get(blocked, timeout=60)
 
 
 @pytest.mark.parametrize("retries", [0, 1])
