@@ -228,6 +228,7 @@ class Router:
         self.coalesces = scheduler.coalesce > 1
         self._send_batch_to = send_batch
         self._method_ids: dict[str, int] = {}
+        self._method_ids_lock = threading.Lock()
         self.failures = Failures(
             scheduler, [_name(p) for p in self.points], restart_timeout_s=restart_timeout_s,
             send_drained=self.send_drained, fail=self._fail_decisions,
@@ -251,7 +252,10 @@ class Router:
         ride a batch): calls of one method share a service-time estimate."""
         known = self._method_ids.get(method)
         if known is None:
-            known = self._method_ids[method] = self.scheduler.add_method(alone)
+            with self._method_ids_lock:
+                known = self._method_ids.get(method)
+                if known is None:
+                    known = self._method_ids[method] = self.scheduler.add_method(alone)
         return known
 
     def default_window(self, method_id: int, actors: int) -> int:
@@ -351,10 +355,11 @@ class Router:
             for call in live:
                 call.ref = call.out = ref
             ref._on_ready(batch.ended)
-        except Exception as err:  # e.g. an argument that cannot be serialised
+        except Exception:  # noqa: BLE001 - e.g. an argument that cannot be serialised
+            # Whose it is cannot be told: each call goes alone, and only that one fails.
             self._give_back(actor, len(live))
             for call in live:
-                call.fail(_copy(err))
+                self.send(actor, call)
             return
         for call in live:
             if not call.retries:

@@ -55,6 +55,7 @@ class FakeHandle:
         self.actor = actor
         self.harness = harness
         self.sent: list[FakeRef] = []
+        self.unsendable = object()  # an argument its calls cannot send, as Ray cannot pickle one
 
     def __getattr__(self, method: str) -> Any:
         handle = self
@@ -62,6 +63,9 @@ class FakeHandle:
         class Remote:
             @staticmethod
             def remote(*args: Any, **kwargs: Any) -> FakeRef:
+                items = args[0] if method == _batch.BATCH else [(method, args, kwargs)]
+                if any(handle.unsendable in item_args for _, item_args, _ in items):
+                    raise TypeError(f"cannot pickle {handle.unsendable!r}")
                 ref = FakeRef(handle, method, args)
                 handle.sent.append(ref)
                 handle.harness.sent_from.append(threading.current_thread().name)
@@ -633,6 +637,10 @@ def test_views_that_are_gone_leave_no_group_behind() -> None:
 
 
 # -- batches: calls that waited for one actor ride one Ray task --------------------------------
+# One task per actor, so that calls wait behind it; a budget of service time large enough that
+# how long the test takes to end a call never splits a batch.
+ONE_TASK = am.Policy("adaptive", max_tasks=1, batch_budget_s=60.0)
+
 def batch_result(*results: Any) -> RayTaskError:
     """What a batch in which some call raised ends with (`_batch.BatchRaised`)."""
     return RayTaskError("Fake._actormesh_batch", "Traceback: ...",
@@ -646,7 +654,7 @@ def queue_behind_one(h: Harness, *args: Any, method: str = "f") -> list[am.MeshF
 
 
 def test_calls_that_waited_ride_one_task_sent_from_the_loop_thread() -> None:
-    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
     futures = queue_behind_one(h, 1, 2, 3)
     h.finish(h.pending(0)[0], "first")
     [batch] = h.pending(0)
@@ -660,7 +668,7 @@ def test_calls_that_waited_ride_one_task_sent_from_the_loop_thread() -> None:
 
 
 def test_a_call_that_raised_in_a_batch_fails_alone() -> None:
-    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
     futures = queue_behind_one(h, 1, 2, 3)
     h.finish(h.pending(0)[0], "first")
     failed = _batch.Failed(raised("only two"))
@@ -674,7 +682,7 @@ def test_a_call_that_raised_in_a_batch_fails_alone() -> None:
 def test_a_batch_is_read_once_whatever_the_number_of_its_calls(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
     futures = queue_behind_one(h, 1, 2, 3, 4)
     h.finish(h.pending(0)[0], "first")
     reads: list[Any] = []
@@ -686,7 +694,7 @@ def test_a_batch_is_read_once_whatever_the_number_of_its_calls(
 
 
 def test_a_call_cancelled_after_its_batch_was_formed_gives_its_slot_back() -> None:
-    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
     futures = queue_behind_one(h, 1, 2, 3)
     held, release = threading.Event(), threading.Event()
     _loop.post(lambda: (held.set(), release.wait(10)))  # the batch waits for the loop thread
@@ -708,7 +716,7 @@ def test_a_call_cancelled_after_its_batch_was_formed_gives_its_slot_back() -> No
 
 
 def test_a_batch_whose_actor_died_reroutes_the_calls_with_retries_and_fails_the_others() -> None:
-    h = Harness(2, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    h = Harness(2, balancer=ONE_TASK, coalesce=8)
     view = h.view(0)
     view.choose("first")
     h.method().choose("other")
@@ -728,7 +736,7 @@ def test_a_batch_whose_actor_died_reroutes_the_calls_with_retries_and_fails_the_
 
 
 def test_a_method_declared_alone_and_an_object_ref_argument_never_ride() -> None:
-    h = Harness(1, balancer=am.Policy("adaptive", max_tasks=1), coalesce=8)
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
     alone = MeshMethod(h.target, "solo", CallOptions(), alone=True)
     h.method().choose("first")
     alone.choose(1)
@@ -774,4 +782,17 @@ def test_a_call_cancelled_while_its_value_is_read_raises_its_cancellation() -> N
     with pytest.raises(cf.CancelledError):
         future.get(timeout=5)
     h.finish(ref, "late")
+    assert_idle(h)
+
+
+def test_an_argument_that_cannot_be_sent_fails_its_call_only_even_in_a_batch() -> None:
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
+    h.handles[0].unsendable = bad = object()
+    futures = queue_behind_one(h, 1, bad, 3)
+    h.finish(h.pending(0)[0], "first")
+    with pytest.raises(TypeError, match="cannot pickle"):
+        futures[1].get(timeout=5)
+    assert sorted(r.args for r in h.pending(0)) == [(1,), (3,)]  # then each went alone
+    h.finish_all(0, "sent")
+    assert (futures[0].get(timeout=5), futures[2].get(timeout=5)) == ("sent", "sent")
     assert_idle(h)
