@@ -14,8 +14,10 @@ except ImportError as err:  # pragma: no cover - only without a built extension
 from . import dispatch
 from ._actor import current_rank
 from ._balancer import ActorLoad, Balancer, Policy
+from ._bulk import get, wait
 from ._errors import ActorDiedError, ActorError, MeshError, MeshTimeoutError, NoLiveActorsError
-from ._future import MeshFuture, MeshMap, ValueMesh
+from ._future import MeshFuture, ValueMesh
+from ._map import MeshMap
 from ._mesh import ActorMesh, Loads
 from ._method import AsyncMeshMethod, MeshMethod, method
 from ._placement import Placement
@@ -46,5 +48,7 @@ __all__ = [
     "ValueMesh",
     "current_rank",
     "dispatch",
+    "get",
     "method",
+    "wait",
 ]

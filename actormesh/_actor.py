@@ -5,10 +5,10 @@ whose `__init__` takes the actor's identity first: it sets the environment and `
 before the user's `__init__` runs. Ray re-runs `__init__` with the same arguments on a restart, so
 a restarted actor comes back with the same rank, coordinates and environment.
 
-The subclass adds one method, `RUN` (`mesh.run_in_actors`), and nothing else that changes how
-Ray hosts the actor: no concurrency group (deaths are learnt from Ray's GCS, see `_failures`),
-so a synchronous actor runs its methods on the thread that ran its `__init__`, as plain Ray
-actors do.
+The subclass adds two methods, `RUN` (`mesh.run_in_actors`) and `_batch.BATCH` (calls that
+ride one Ray task), and nothing else that changes how Ray hosts the actor: no concurrency group
+(deaths are learnt from Ray's GCS, see `_failures`), so a synchronous actor runs its methods on
+the thread that ran its `__init__`, as plain Ray actors do.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 import ray
 from ray._private.async_compat import has_async_methods
 
+from ._batch import BATCH, Item, run_concurrently, run_in_order
 from ._method import MethodDef
 from ._shape import Point, Shape, format_coords, parse_coords
 
@@ -82,6 +83,16 @@ async def _awaited(result: Any) -> Any:
 
 
 
+def is_asyncio(cls: type[Any]) -> bool:
+    """Whether Ray runs an actor of `cls` in a mesh on an event loop, several calls at once: it
+    does when any method is a coroutine function, and an `@am.method async def` is one only
+    once unwrapped, so look at what Ray will see."""
+    return has_async_methods(cast(Hashable, cls)) or any(
+        isinstance(attr, MethodDef) and inspect.iscoroutinefunction(attr.fn)
+        for _, attr in inspect.getmembers(cls)
+    )
+
+
 def remote_class(cls: type[Any]) -> Any:
     """The Ray actor class hosting `cls` in a mesh (see the module docstring)."""
     namespace: dict[str, Any] = {
@@ -96,23 +107,26 @@ def remote_class(cls: type[Any]) -> Any:
 
     namespace["__init__"] = __init__
     namespace["__doc__"] = cls.__doc__
-    # Ray runs an actor on an event loop when any method is a coroutine function; an
-    # `@am.method async def` is one only once unwrapped, so look at what Ray will see.
-    is_async = has_async_methods(cast(Hashable, cls)) or any(
-        inspect.iscoroutinefunction(fn) for fn in namespace.values()
-    )
-    if is_async:
+    if is_asyncio(cls):
         async def run_async(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             result = fn(self, *args, **kwargs)
             return await result if inspect.isawaitable(result) else result
 
+        async def batch_async(self: Any, items: list[Item]) -> list[Any]:
+            return await run_concurrently(self, items)
+
         namespace[RUN] = run_async
+        namespace[BATCH] = batch_async
     else:
         def run(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             result = fn(self, *args, **kwargs)
             return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
 
+        def batch(self: Any, items: list[Item]) -> list[Any]:
+            return run_in_order(self, items)
+
         namespace[RUN] = run
+        namespace[BATCH] = batch
     return ray.remote(type(cls.__name__, (cls,), namespace))
 
 

@@ -15,8 +15,15 @@ from typing import Any, ClassVar, Literal
 
 from . import _native
 
-PolicyName = Literal["random", "round_robin", "pow2", "least_loaded", "pull", "sed"]
-POLICIES: tuple[str, ...] = ("random", "round_robin", "pow2", "least_loaded", "pull", "sed")
+PolicyName = Literal["random", "round_robin", "pow2", "least_loaded", "pull", "sed", "adaptive"]
+POLICIES: tuple[str, ...] = ("random", "round_robin", "pow2", "least_loaded", "pull", "sed",
+                             "adaptive")
+
+DEFAULT_BALANCER: PolicyName = "adaptive"
+"""The policy of every mesh whose `balancer=` is left out (`ActorMesh`, `from_actors`)."""
+
+DEFAULT_COALESCE = 64
+"""At most this many calls that waited for one actor ride one Ray task, unless `coalesce=`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +64,16 @@ class Policy:
 
     `max_in_flight` bounds calls per actor (default: unbounded, 1 for "pull"); `prefetch` adds
     slots to "pull" so an actor never idles for a round trip between very short calls.
+
+    `max_tasks` bounds the Ray tasks per actor (default: unbounded; 2 for "adaptive" over actors
+    that run one call at a time, unbounded over asyncio or threaded actors, where a call may
+    wait for another that a bound would hold back): calls
+    that find no actor with a free task slot wait in the mesh's queue, and ride together (see
+    `ActorMesh(coalesce=)`) when a slot frees. A task beyond an actor's first waits behind the
+    running one, hiding the round trip, so it is sent only while the actor's calls are measured
+    shorter than `pipeline_s`: a slow call never queues inside a busy actor. A batch holds as
+    many calls as their expected service times fit in `batch_budget_s`, so a slow method's calls
+    go alone and tiny ones ride by the dozen.
     Affinity escapes to the least loaded actor when the sticky actor's in-flight count exceeds
     the minimum by more than `affinity_abs` calls and by more than `affinity_rel` times.
 
@@ -66,9 +83,12 @@ class Policy:
     (sub-)mesh can take the call: an actor that fails fast must not draw the traffic.
     """
 
-    name: PolicyName = "pow2"
+    name: PolicyName = DEFAULT_BALANCER
     max_in_flight: int | None = None
     prefetch: int = 0
+    max_tasks: int | None = None
+    pipeline_s: float = 0.002
+    batch_budget_s: float = 0.002
     seed: int | None = None
     ewma_alpha: float = 0.2
     prior_s: float | None = None
@@ -88,6 +108,16 @@ class Policy:
             raise ValueError(f"max_in_flight={self.max_in_flight!r}: must be an int >= 1")
         if self.prefetch < 0 or (self.prefetch and self.name != "pull"):
             raise ValueError(f"prefetch={self.prefetch!r}: only for 'pull', and >= 0")
+        if self.max_tasks is not None and (
+            isinstance(self.max_tasks, bool) or not isinstance(self.max_tasks, int)
+            or self.max_tasks < 1
+        ):
+            raise ValueError(f"max_tasks={self.max_tasks!r}: must be an int >= 1, or None")
+        for field in ("pipeline_s", "batch_budget_s"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value < math.inf:
+                raise ValueError(f"{field}={value!r}: must be a finite number of seconds > 0")
         if not 0 < self.ewma_alpha <= 1:
             raise ValueError(f"ewma_alpha={self.ewma_alpha!r}: must be in (0, 1]")
         if self.affinity_abs < 0 or self.affinity_rel < 1 or self.affinity_capacity < 1:
@@ -104,6 +134,13 @@ class Policy:
                 "need 0 < base <= max, both finite"
             )
 
+    def tasks(self, concurrent: bool) -> int:
+        """Ray tasks per actor allowed in flight (0: unbounded) over actors that run several
+        calls at once (`concurrent`) or one at a time."""
+        if self.max_tasks is not None:
+            return self.max_tasks
+        return 2 if self.name == "adaptive" and not concurrent else 0
+
     def slots(self) -> int:
         """Calls per actor allowed in flight; 0 means unbounded."""
         if self.max_in_flight is not None:
@@ -115,15 +152,18 @@ BalancerSpec = PolicyName | Policy | Balancer
 
 
 def make_scheduler(
-    num_actors: int, spec: BalancerSpec, max_in_flight: int | None
+    num_actors: int, spec: BalancerSpec, max_in_flight: int | None, coalesce: int = 1, *,
+    concurrent: bool = False,
 ) -> _native.Scheduler:
-    """The native scheduler for one mesh, from the `balancer=` and `max_in_flight=` arguments."""
+    """The native scheduler for one mesh, from the `balancer=`, `max_in_flight=` and
+    `coalesce=` arguments; `concurrent`: its actors run several calls at once."""
+    check_coalesce(coalesce)
     if isinstance(spec, Balancer):
         if max_in_flight is not None and (isinstance(max_in_flight, bool) or max_in_flight < 1):
             raise ValueError(f"max_in_flight={max_in_flight!r}: must be an int >= 1")
         return _native.Scheduler(
-            num_actors, "pow2", max_in_flight=max_in_flight or 0, eject_after=Policy.eject_after,
-            sticky=not spec.routes_by_key, picker=_Picker(spec),
+            num_actors, "pow2", max_in_flight=max_in_flight or 0, coalesce=coalesce,
+            eject_after=Policy.eject_after, sticky=not spec.routes_by_key, picker=_Picker(spec),
         )
     if isinstance(spec, str):
         spec = Policy(spec)  # validated by Policy
@@ -135,6 +175,10 @@ def make_scheduler(
         num_actors,
         spec.name,
         max_in_flight=spec.slots(),
+        max_tasks=spec.tasks(concurrent),
+        pipeline_s=spec.pipeline_s,
+        coalesce=coalesce,
+        batch_budget_s=spec.batch_budget_s,
         seed=spec.seed if spec.seed is not None else random.getrandbits(63),
         ewma_alpha=spec.ewma_alpha,
         prior_s=spec.prior_s or 0.0,
@@ -145,6 +189,12 @@ def make_scheduler(
         eject_base_s=spec.eject_base_s,
         eject_max_s=spec.eject_max_s,
     )
+
+
+def check_coalesce(coalesce: int) -> None:
+    """`coalesce`, the most calls one Ray task may carry, is an int >= 1 (1: never batch)."""
+    if isinstance(coalesce, bool) or not isinstance(coalesce, int) or coalesce < 1:
+        raise ValueError(f"coalesce={coalesce!r}: must be an int >= 1 (1: every call alone)")
 
 
 def affinity_hash(key: Hashable | None) -> int | None:

@@ -9,14 +9,22 @@
                                               settle call.future with the ObjectRef;
                                               the rest goes to the loop thread (_loop):
                                               queued calls the slot went to, a death, a retry
-    MeshFuture.get() -> read(call)            ray.get(ref) on the caller's thread, errors
-                                              named with the actor's rank and coordinates
+        the slot went to waiting calls:       Router._send_batch sends those that wait for the
+                                              same actor as ONE Ray task (_batch.Batch), ended
+                                              by one callback, Batch.ended -> Router._ended_batch
+    MeshFuture.get() -> read(call)            ray.get(ref) on the caller's thread (a batch's
+                                              value is read once, each call takes its element),
+                                              errors named with the actor's rank and coordinates;
+                                              a lone call is read as soon as its value exists
+                                              (read_sent), and ended there if Ray's callback
+                                              has not ended it yet
 
 `all` and `shard` send one call per actor with `Router.send`; their future settles once every
 part has ended, and its first reader reads and combines the parts (`_future`). A call's slot is
 freed exactly once, when it ends, whatever the outcome; a call is settled exactly once (a second
 outcome, e.g. after a timeout, is dropped). A cancelled call is never sent again, and one that
-was sent is cancelled in its actor where Ray can (`Router.cancel_sent`).
+was sent is cancelled in its actor where Ray can (`Router.cancel_sent`). Calls only ride
+together when they waited: one that finds a free slot is sent alone at once.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from ray.exceptions import RayError
 
 from . import _loop, _native, _ray
 from ._balancer import affinity_hash
+from ._batch import Batch, Item, SendBatch
 from ._errors import MeshError, MeshTimeoutError, NoLiveActorsError, from_ray
 from ._failures import Failures
 from ._result import Result
@@ -50,16 +59,19 @@ class Call:
     out, no actor to take it, the mesh shut down).
     """
 
-    __slots__ = ("router", "method", "fn", "args", "kwargs", "target", "key", "affinity",
-                 "retries", "future", "actor", "epoch", "ticket", "ref", "out", "started",
-                 "outcome", "_point")
+    __slots__ = ("router", "method", "method_id", "alone", "fn", "args", "kwargs", "target", "key",
+                 "affinity", "retries", "future", "actor", "epoch", "ticket", "ref", "out",
+                 "started", "outcome", "finished", "batch", "index", "deadline", "_point")
 
     def __init__(self, router: Router, method: str, args: tuple[Any, ...],
                  kwargs: dict[str, Any], *, point: Point | None = None,
                  target: Routed | None = None, key: Hashable | None = None, retries: int = 0,
-                 fn: SendFn | None = None) -> None:
+                 fn: SendFn | None = None, method_id: int = 0, alone: bool = False) -> None:
         self.router = router
         self.method = method
+        self.method_id = method_id  # the scheduler's id of `method` (`Router.method_id`)
+        # Never rides a batch: an ObjectRef argument Ray must resolve, or a call `fn` makes.
+        self.alone = alone or fn is not None
         self.fn = fn  # makes the Ray call itself, given the actor's handle (ActorPool.submit)
         self.args = args
         self.kwargs = kwargs
@@ -75,6 +87,10 @@ class Call:
         self.out: Any = None  # what its value is read from: `ref`, or the refs `fn` returned
         self.started = 0.0
         self.outcome = _ray.OK  # how it ended (`_ray.outcome`), once it has
+        self.finished = False  # its latest send has been seen to end (see `_finishes`)
+        self.batch: Batch | None = None  # the batch it rode, if it did; `index` its place there
+        self.index = 0
+        self.deadline: float | None = None  # `time.monotonic()` when its own timeout fails it
         self._point = point
 
     @property
@@ -126,10 +142,65 @@ def _first_ref(out: Any, what: str) -> ray.ObjectRef[Any]:
 def read(call: Call) -> Any:
     """The value of a call that has ended: its error (mapped) raised, else its value read."""
     ref = call.future.result()
+    batch = call.batch
+    if batch is None:
+        try:
+            return ray.get(ref)
+        except RayError as err:
+            raise call.error(err) from None
+    value, error = batch.element(call.index)
+    if error is not None:
+        raise call.error(error) from None
+    return value
+
+
+def own_ref(call: Call) -> ray.ObjectRef[Any] | None:
+    """The ObjectRef of `call`'s own value: its Ray call's, or for a call that rode a batch
+    (whose task holds every call's value), one put for it once it has ended, on first use. A
+    call still waiting for a slot is waited for; None if it never ran (it failed first)."""
+    if call.ref is None:
+        call.future.wait()
+    batch = call.batch
+    if batch is None:
+        return call.ref
+    call.future.wait()
+    if call.out is batch.ref:
+        value, error = batch.element(call.index)
+        put = ray.put(error if error is not None else value)
+        with _finishing:
+            if call.out is batch.ref:
+                call.out = put
+    own: ray.ObjectRef[Any] = call.out
+    return own
+
+
+NOT_READ: Any = object()
+
+
+def read_sent(call: Call, timeout: float | None) -> Any:
+    """The value of a lone call already sent, read as soon as it exists: `ray.get` of its ref
+    wakes the caller as Ray's own reply does, instead of after the completion callback has
+    run on Ray's thread and woken it in turn. Whichever of the two sees the end first ends the
+    call (frees its slot, settles its future), so the load is exact when this returns.
+
+    NOT_READ when that cannot tell the outcome: not sent alone yet, an error (a lost call may
+    be retried: its future tells), `timeout` or the call's own deadline passed, or it was
+    cancelled or timed out meanwhile. The caller then waits for the future.
+    """
+    ref = call.ref
+    if ref is None or call.batch is not None:
+        return NOT_READ
+    if call.deadline is not None:
+        left = max(call.deadline - time.monotonic(), 0.0)
+        timeout = left if timeout is None else min(timeout, left)
+    late = _ray.arrived(ref)  # then when it ended is not known: no service-time sample
     try:
-        return ray.get(ref)
-    except RayError as err:
-        raise call.error(err) from None
+        value = ray.get(ref, timeout=timeout)
+    except RayError:  # GetTimeoutError included
+        return NOT_READ
+    call.router.read_ended(call, ref, timed=not late)
+    call.future.wait()  # settled once ended, here or (a moment later) by Ray's callback
+    return NOT_READ if call.future.exception() is not None else value
 
 
 class Router:
@@ -137,10 +208,14 @@ class Router:
 
     def __init__(self, handles: Sequence[Any], points: Sequence[Point],
                  scheduler: _native.Scheduler, *, defer_drain: bool,
-                 restart_timeout_s: float) -> None:
+                 restart_timeout_s: float, send_batch: SendBatch) -> None:
         self.handles = list(handles)
         self.points = list(points)
         self.scheduler = scheduler
+        self.coalesces = scheduler.coalesce > 1
+        self._send_batch_to = send_batch
+        self._method_ids: dict[str, int] = {}
+        self._method_ids_lock = threading.Lock()
         self.failures = Failures(
             scheduler, [_name(p) for p in self.points], restart_timeout_s=restart_timeout_s,
             send_drained=self.send_drained, fail=self._fail_decisions,
@@ -159,6 +234,30 @@ class Router:
         if self.closed:
             raise MeshError(f"{method}: the mesh is shut down")
 
+    def method_id(self, method: str, alone: bool) -> int:
+        """The scheduler's id of `method`, registered on first use (`alone`: its calls never
+        ride a batch): calls of one method share a service-time estimate."""
+        known = self._method_ids.get(method)
+        if known is None:
+            with self._method_ids_lock:
+                known = self._method_ids.get(method)
+                if known is None:
+                    known = self._method_ids[method] = self.scheduler.add_method(alone)
+        return known
+
+    def default_window(self, method_id: int, actors: int) -> int:
+        """How many calls `map` keeps outstanding by default over `actors` actors: every slot
+        busy, and as much again waiting for the slots that free, so each freed slot finds a
+        full batch. A batch's expected size follows the method's measured service time."""
+        scheduler = self.scheduler
+        slots, tasks = scheduler.max_in_flight, scheduler.max_tasks
+        if not slots and not tasks:
+            return 2 * actors  # nothing ever waits: one call running, one queued in the actor
+        per_actor = (tasks or 1) * scheduler.batch_size(method_id)
+        if slots:
+            per_actor = min(per_actor, slots)
+        return 2 * actors * per_actor
+
     # -- sending ------------------------------------------------------------------------------
     def send(self, actor: int, call: Call) -> None:
         """Send `call` to `actor` (the caller chose it), counted whatever the slot limit."""
@@ -173,7 +272,7 @@ class Router:
         assert call.target is not None
         try:
             decision = self.scheduler.submit(call.target.group, call.affinity, call,
-                                             time.perf_counter())
+                                             time.perf_counter(), call.method_id, call.alone)
         except _native.NoLiveActors as err:
             call.fail(NoLiveActorsError(f"{call.method}: {err}"))
             return
@@ -194,6 +293,8 @@ class Router:
             return
         call.actor = actor
         call.epoch = self.failures.epochs[actor]
+        call.batch = None
+        call.finished = False
         call.started = time.perf_counter()
         try:
             if call.fn is None:
@@ -216,14 +317,57 @@ class Router:
         if not call.retries:  # Ray holds what it sent; free the caller's objects with its future
             call.args, call.kwargs = (), _NO_KWARGS
 
-    def _send_decisions(self, decisions: Sequence[_native.Decision]) -> None:
-        """Send the queued calls the scheduler has just given a slot (loop thread)."""
-        for decision in decisions:
-            self._send(decision.actor, decision.payload)
+    def _send_batch(self, actor: int, calls: list[Call]) -> None:
+        """Send queued calls the scheduler gave `actor` together as one Ray task. Those cancelled
+        or timed out while they waited give their slots back; one left goes alone."""
+        for call in calls:
+            call.ticket = 0
+        live = [c for c in calls if not c.future.done()]
+        if len(live) < len(calls):
+            self._give_back(actor, len(calls) - len(live), task=not live)
+        if len(live) <= 1:
+            if live:
+                self._send(actor, live[0], fresh=True)
+            return
+        epoch = self.failures.epochs[actor]
+        method = live[0].method_id
+        if any(c.method_id != method for c in live):
+            method = 0
+        batch = Batch(self, live, actor, epoch, time.perf_counter(), method)
+        items: list[Item] = []
+        for index, call in enumerate(live):
+            call.actor, call.epoch, call.started = actor, epoch, batch.started
+            call.batch, call.index = batch, index
+            items.append((call.method, call.args, call.kwargs))
+        try:
+            ref = batch.ref = self._send_batch_to(self.handles[actor], items)
+            for call in live:
+                call.ref = call.out = ref
+            ref._on_ready(batch.ended)
+        except Exception:  # noqa: BLE001 - e.g. an argument that cannot be serialised
+            # Whose it is cannot be told: each call goes alone, and only that one fails.
+            self._give_back(actor, len(live))
+            for call in live:
+                self.send(actor, call)
+            return
+        for call in live:
+            if not call.retries:
+                call.args, call.kwargs = (), _NO_KWARGS
 
-    def _give_back(self, actor: int) -> None:
+    def _send_decisions(self, decisions: Sequence[_native.Decision]) -> None:
+        """Send the queued calls the scheduler has just given a slot (loop thread): one Ray task
+        per decision, a batch when the decision carries several calls."""
+        for decision in decisions:
+            calls = decision.payloads
+            if len(calls) == 1:
+                self._send(decision.actor, decision.payload)
+            else:
+                self._send_batch(decision.actor, calls)
+
+    def _give_back(self, actor: int, calls: int = 1, task: bool = True) -> None:
+        """Free slots no call used: `calls` call slots, and with `task` their task's slot."""
         # Drains inline only without a Python Balancer: the built-in policies never raise.
-        self._hand_on(self.scheduler.release(actor, self._drain_inline), actor)
+        self._hand_on(self.scheduler.release(actor, self._drain_inline, calls, task), actor)
 
     def _drain(self, actor: int) -> None:
         self.send_drained(self.scheduler.drain, actor)
@@ -257,7 +401,7 @@ class Router:
             self._outbox_posted = False
         if self.closed:  # given a slot just before shutdown: never sent, slot given back
             for decision in decisions:
-                self.scheduler.release(decision.actor, False)
+                self.scheduler.release(decision.actor, False, len(decision.payloads), True)
             self._fail_decisions(decisions, MeshError(
                 "the mesh was shut down before this call was sent"))
             return
@@ -270,23 +414,37 @@ class Router:
 
     # -- completion (Ray's thread: short, never waits, never runs user code) --------------------
     def _ended(self, call: Call, error: BaseException | None) -> None:
+        if _finishes(call, call.ref):
+            self._end(call, error, None)
+
+    def read_ended(self, call: Call, ref: Any, *, timed: bool) -> None:
+        """The caller read a value of `call` sent as `ref`: it ended well, and unless Ray's
+        callback has seen that already, it ends here, on the caller's thread (`timed`: the
+        caller waited for the value, so its end is now, a service-time sample). If the callback
+        is ending it, its future settles once its slot is free: wait for that before relying
+        on the load."""
+        if _finishes(call, ref):
+            self._end(call, None, _ray.OK, timed)
+
+    def _end(self, call: Call, error: BaseException | None, outcome: int | None,
+             timed: bool = True) -> None:
         try:
             ended = time.perf_counter()
-            outcome = call.outcome = _ray.FAILED if error is not None else _ray.outcome(call.ref)
+            if outcome is None:
+                outcome = _ray.FAILED if error is not None else _ray.outcome(call.ref)
+            call.outcome = outcome
             lost = outcome == _ray.DIED or outcome == _ray.UNAVAILABLE
             if lost:  # before the slot is freed: no queued call may follow this one there
                 self.failures.lost(call.actor, call.epoch)
             if outcome == _ray.CANCELLED:  # we cancelled it: no sample, and not the actor's failure
-                drained = self.scheduler.release(call.actor, self._drain_inline)
+                drained = self.scheduler.release(call.actor, self._drain_inline, 1, True)
             else:
                 drained = self.scheduler.complete(call.actor, call.started, ended,
-                                                  outcome == _ray.OK, self._drain_inline)
+                                                  outcome == _ray.OK, self._drain_inline, 1,
+                                                  call.method_id, timed)
             self._hand_on(drained, call.actor)
-            if lost:
-                if call.retries > 0 and call.target is not None and not call.future.done():
-                    call.retries -= 1
-                    _loop.post(self._retry, call)
-                    return
+            if lost and self._retried(call):
+                return
             if error is not None:
                 call.fail(call.error(error) if isinstance(error, RayError) else error)
             else:
@@ -294,6 +452,47 @@ class Router:
         except BaseException as err:  # a bug here must not leave the call unsettled
             log.exception("actormesh: ending %s failed", call.method)
             call.fail(err)
+
+    def _ended_batch(self, batch: Batch, error: BaseException | None) -> None:
+        """As `_ended`, for every call of a batch at once: one outcome read, one native call
+        that frees every slot (one sample per call), then each call settled or retried."""
+        calls, batch.calls = batch.calls, []  # its calls refer to it: no cycle once it has ended
+        try:
+            ended = time.perf_counter()
+            outcome = _ray.FAILED if error is not None else _ray.outcome(batch.ref)
+            lost = outcome == _ray.DIED or outcome == _ray.UNAVAILABLE
+            if lost:  # before the slots are freed: no queued call may follow these there
+                self.failures.lost(batch.actor, batch.epoch)
+            if outcome == _ray.CANCELLED:  # every call of it was cancelled: no sample
+                drained = self.scheduler.release(batch.actor, self._drain_inline, len(calls),
+                                                 True)
+            else:
+                drained = self.scheduler.complete(batch.actor, batch.started, ended,
+                                                  outcome == _ray.OK, self._drain_inline,
+                                                  len(calls), batch.method)
+            self._hand_on(drained, batch.actor)
+            for call in calls:
+                call.outcome = outcome
+                if lost and self._retried(call):
+                    continue
+                if error is None:
+                    call.settle(batch.ref)
+                elif isinstance(error, RayError):
+                    call.fail(call.error(error))
+                else:
+                    call.fail(_copy(error))
+        except BaseException as err:  # a bug here must not leave a call unsettled
+            log.exception("actormesh: ending a batch of %d calls failed", len(calls))
+            for call in calls:
+                call.fail(_copy(err))
+
+    def _retried(self, call: Call) -> bool:
+        """A call whose actor was lost goes to another actor if it has retries left."""
+        if call.retries > 0 and call.target is not None and not call.future.done():
+            call.retries -= 1
+            _loop.post(self._retry, call)
+            return True
+        return False
 
     def _retry(self, call: Call) -> None:
         """Route a lost call again (loop thread), unless it was cancelled or timed out since:
@@ -303,8 +502,8 @@ class Router:
 
     def _fail_decisions(self, decisions: Sequence[_native.Decision], error: BaseException) -> None:
         for decision in decisions:
-            call: Call = decision.payload
-            call.fail(_copy(error))
+            for call in decision.payloads:
+                call.fail(_copy(error))
 
     # -- cancellation, timeouts, shutdown ------------------------------------------------------
     def cancel(self, calls: Sequence[Call], error: BaseException) -> None:
@@ -325,8 +524,13 @@ class Router:
         """Ask Ray to stop a call that was sent, where Ray can: an async (or threaded) actor
         cancels it, and one it has not started never runs. A synchronous actor runs its calls
         in order and its call runs to its end, its result dropped: Ray 2.60 cannot skip one
-        without stalling the actor (`_ray.cancellable`). Never a kill."""
-        if not _ray.cancellable(self.handles[call.actor]):
+        without stalling the actor (`_ray.runs_calls_at_once`). Never a kill. A call that rode
+        a batch is dropped when the batch ends; the batch's task is cancelled only once every
+        call in it has been."""
+        if not _ray.runs_calls_at_once(self.handles[call.actor]):
+            return
+        batch = call.batch
+        if batch is not None and not all(c.future.done() for c in batch.calls):
             return
         try:
             ray.cancel(call.ref)
@@ -345,6 +549,19 @@ class Router:
         self.closed = True
         self.failures.close()
         self._fail_decisions(self.scheduler.take_queued(), MeshError(why))
+
+
+_finishing = threading.Lock()  # held for a few bytecodes, never to wait
+
+
+def _finishes(call: Call, ref: Any) -> bool:
+    """Whether the caller is the first to see `call`'s send as `ref` end: Ray's completion
+    callback, or a reader that got its value first. Exactly one of them ends the call."""
+    with _finishing:
+        if call.finished or call.ref is not ref:
+            return False
+        call.finished = True
+        return True
 
 
 def _copy(error: BaseException) -> BaseException:

@@ -17,14 +17,13 @@ import queue
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 import ray
 from ray.exceptions import RayError
 
-from . import _loop, _ray
+from . import _calls, _loop, _ray
 from ._calls import Call, Router, read
 from ._result import Result
 from ._shape import IndexKey, Point, Selectable, Selection, Shape
@@ -74,7 +73,11 @@ class MeshFuture(Generic[R]):
         """Wait for the result; raise the call's error, or `TimeoutError` after `timeout` s
         (the call goes on)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._future.wait(timeout):
+        if self._combine is None and self._read is None and not self._future.done():
+            value = _calls.read_sent(self._calls[0], timeout)  # settles the future if it reads
+            if value is not _calls.NOT_READ:
+                self._provide(value)
+        if not self._future.wait(_left(deadline)):
             raise TimeoutError(f"{self._label} did not finish within {timeout} s")
         result, mine = self._claim()
         if mine:
@@ -107,6 +110,17 @@ class MeshFuture(Generic[R]):
                 return result, False
             result = self._read = Result()
             return result, True
+
+    def _unread(self) -> bool:
+        """No reader has claimed the result yet."""
+        return self._read is None
+
+    def _provide(self, value: Any) -> None:
+        """A value read for this single call elsewhere (`read_sent`, `am.get`): everybody's,
+        unless a reader has claimed the result first."""
+        result, mine = self._claim()
+        if mine:
+            result.set_result(value)
 
     def _fill(self, result: Result[Any]) -> None:
         """Read the values and combine them (once, for every reader)."""
@@ -153,12 +167,16 @@ class MeshFuture(Generic[R]):
 
     @property
     def refs(self) -> list[ray.ObjectRef[Any]]:
-        """The ObjectRefs of the Ray calls sent so far, one per actor called."""
-        return [c.ref for c in self._calls if c.ref is not None]
+        """The ObjectRefs of the Ray calls, one per actor called (a call still waiting for a
+        slot is waited for). A call that rode a batch with others has no ObjectRef of its own:
+        for it, this waits until it has ended and puts its value (or error) in the object
+        store, once."""
+        return [ref for ref in map(_calls.own_ref, self._calls) if ref is not None]
 
     @property
     def ref(self) -> ray.ObjectRef[Any]:
-        """The ObjectRef of a single-actor call (`choose`)."""
+        """The ObjectRef of a single-actor call (`choose`); see `refs` for a call that rode a
+        batch."""
         refs = self.refs
         if len(refs) != 1:
             raise ValueError(f"{self._label} has {len(refs)} ObjectRefs; use .refs")
@@ -204,84 +222,6 @@ class MeshFuture(Generic[R]):
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"MeshFuture({self._label}, {state})"
-
-
-class MeshMap(Generic[R]):
-    """The results of `mesh.methods.f.map(items)`, streamed: iterate once, with `for` or
-    `async for`. At most `window` calls are outstanding (sent or waiting for a slot, or done
-    but not yet yielded); the items are read as calls are made."""
-
-    __slots__ = ("_call", "_items", "_ordered", "_window", "_used")
-
-    def __init__(self, call: Callable[[Any], MeshFuture[R]], items: Iterator[Any],
-                 ordered: bool, window: int) -> None:
-        self._call = call
-        self._items = items
-        self._ordered = ordered
-        self._window = window
-        self._used = False
-
-    def _start(self) -> None:
-        if self._used:
-            raise RuntimeError("a map's results can be iterated only once")
-        self._used = True
-
-    def _fill(self, outstanding: int, on_sent: Callable[[MeshFuture[R]], None]) -> int:
-        """Send calls for the next items until `window` are outstanding; how many are."""
-        while outstanding < self._window:
-            try:
-                item = next(self._items)
-            except StopIteration:
-                break
-            on_sent(self._call(item))
-            outstanding += 1
-        return outstanding
-
-    def __iter__(self) -> Iterator[R]:
-        self._start()
-        pending: deque[MeshFuture[R]] = deque()
-        finished: queue.SimpleQueue[MeshFuture[R]] = queue.SimpleQueue()
-
-        def sent(future: MeshFuture[R]) -> None:
-            pending.append(future)
-            if not self._ordered:
-                future._future.add_done_callback(lambda _: finished.put(future))
-
-        try:
-            while self._fill(len(pending), sent):
-                if self._ordered:
-                    future = pending.popleft()
-                else:
-                    future = finished.get()
-                    pending.remove(future)
-                yield future.get()
-        finally:  # left early (break, an error): what is not sent yet never will be
-            for future in pending:
-                future.cancel()
-
-    async def __aiter__(self) -> AsyncIterator[R]:
-        self._start()
-        loop = asyncio.get_running_loop()
-        pending: deque[MeshFuture[R]] = deque()
-        finished: asyncio.Queue[MeshFuture[R]] = asyncio.Queue()
-
-        def sent(future: MeshFuture[R]) -> None:
-            pending.append(future)
-            if not self._ordered:
-                future._future.add_done_callback(
-                    lambda _: loop.call_soon_threadsafe(finished.put_nowait, future))
-
-        try:
-            while self._fill(len(pending), sent):
-                if self._ordered:
-                    future = pending.popleft()
-                else:
-                    future = await finished.get()
-                    pending.remove(future)
-                yield await future
-        finally:
-            for future in pending:
-                future.cancel()
 
 
 def _putting(finished: queue.SimpleQueue[Call], call: Call) -> Callable[[Result[Any]], None]:
@@ -353,7 +293,8 @@ def _calling(
 def _values(calls: Sequence[Call], errors_as_values: bool) -> list[Any]:
     """Every call's value in order, the successful ones in one read; a failed call's error
     raises, or (`errors_as_values`) stands in its place."""
-    good = [c for c in calls if c.future.exception() is None and c.outcome == _ray.OK]
+    good = [c for c in calls
+            if c.batch is None and c.future.exception() is None and c.outcome == _ray.OK]
     values: dict[int, Any] = {}
     if good:
         try:
@@ -431,3 +372,7 @@ class ValueMesh(Selectable, Generic[R]):
 
     def __repr__(self) -> str:
         return f"ValueMesh({self._shape}, {self._values!r})"
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)

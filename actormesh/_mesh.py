@@ -13,9 +13,9 @@ import ray
 from ray.actor import ActorHandle
 from typing_extensions import ParamSpec, Self
 
-from . import _loop, _native, _ray
-from ._actor import RUN, Identity, check_init_args, method_def, remote_class
-from ._balancer import ActorLoad, BalancerSpec, make_scheduler
+from . import _batch, _loop, _native, _ray
+from ._actor import RUN, Identity, check_init_args, is_asyncio, method_def, remote_class
+from ._balancer import DEFAULT_BALANCER, DEFAULT_COALESCE, ActorLoad, BalancerSpec, make_scheduler
 from ._calls import Router
 from ._failures import ON_RESTART_TIMEOUT_S, ActorStates
 from ._future import MeshFuture, ValueMesh
@@ -78,8 +78,9 @@ class ActorMesh(Selectable, Generic[T]):
         memory: int | None = None,
         runtime_env: Mapping[str, Any] | None = None,
         placement: Placement | None = None,
-        balancer: BalancerSpec = "pow2",
+        balancer: BalancerSpec = DEFAULT_BALANCER,
         max_in_flight: int | None = None,
+        coalesce: int = DEFAULT_COALESCE,
         max_restarts: int = 0,
         restart_timeout_s: float = 60.0,
         name: str | None = None,
@@ -88,6 +89,8 @@ class ActorMesh(Selectable, Generic[T]):
     ) -> None:
         """Validate everything, then start one actor per point of `shape`.
 
+        `coalesce` bounds how many calls that waited for one actor ride one Ray task together
+        (1: every call is its own task); under light load nothing waits and nothing rides.
         With `max_restarts` (-1: forever) an actor that dies comes back with the same rank,
         coordinates and environment; `choose` waits up to `restart_timeout_s` for it to be back
         when no other actor can take a call. `on_restart(view)` then runs, with the one-actor
@@ -116,7 +119,8 @@ class ActorMesh(Selectable, Generic[T]):
                 )
         user_kwargs = dict(kwargs or {})
         check_init_args(actor_cls, tuple(args), user_kwargs)
-        scheduler = make_scheduler(full.size, balancer, max_in_flight)
+        scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
+                                   concurrent=is_asyncio(actor_cls))
         label = name or actor_cls.__name__
 
         if not ray.is_initialized():
@@ -145,8 +149,8 @@ class ActorMesh(Selectable, Generic[T]):
                 placed.release()
             raise
 
-        self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full,
-                             _router(handles, full, scheduler, restart_timeout_s), label, RUN),
+        router = _router(handles, full, scheduler, restart_timeout_s, _batch.send_to_mesh_actor)
+        self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full, router, label, RUN),
                        handles, placed, on_restart, owned=True)
         self._root.router.failures.on_restart_timeout_s = on_restart_timeout_s
 
@@ -156,13 +160,15 @@ class ActorMesh(Selectable, Generic[T]):
         handles: Sequence[ActorHandle[T]],
         shape: ShapeLike | None = None,
         *,
-        balancer: BalancerSpec = "pow2",
+        balancer: BalancerSpec = DEFAULT_BALANCER,
         max_in_flight: int | None = None,
+        coalesce: int = DEFAULT_COALESCE,
         restart_timeout_s: float = 60.0,
         name: str | None = None,
     ) -> ActorMesh[T]:
         """A mesh over Ray actors created elsewhere: every verb, the balancer and the failure
-        handling, without starting or owning them (`shutdown()` leaves them alive).
+        handling, without starting or owning them (`shutdown()` leaves them alive). Calls that
+        ride together run through Ray's `__ray_call__`, which every actor has.
 
         `shape` defaults to one dim `"rank"` over the handles in the order given. The actors
         restart as their own `max_restarts` says; `choose` follows, as for a mesh's own actors.
@@ -181,12 +187,14 @@ class ActorMesh(Selectable, Generic[T]):
             raise ValueError(f"shape {full} has {full.size} points but {len(handles)} actors "
                              "were given")
         check_timeout("restart_timeout_s", restart_timeout_s)
-        scheduler = make_scheduler(full.size, balancer, max_in_flight)
+        scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
+                                   concurrent=any(_ray.runs_calls_at_once(h) for h in handles))
         class_name = _ray.class_name(handles[0])
         ActorStates.get().start()
         mesh: ActorMesh[T] = object.__new__(ActorMesh)
         mesh._assemble(_Root(None, class_name, frozenset(_ray.method_names(handles[0])), full,
-                             _router(handles, full, scheduler, restart_timeout_s),
+                             _router(handles, full, scheduler, restart_timeout_s,
+                                     _batch.send_to_any_actor),
                              name or class_name,
                              "__ray_call__"), handles, None, None, owned=False)
         return mesh
@@ -262,15 +270,15 @@ class ActorMesh(Selectable, Generic[T]):
         return cast(T, self._methods)
 
     def load(self) -> Loads:
-        """Calls in flight per actor of this view (rank order), with latency and liveness."""
-        scheduler = self._root.router.scheduler
-        in_flight, latency = scheduler.in_flight(), scheduler.mean_latency_s()
-        status, ejected = scheduler.status(), scheduler.ejected()
-        return Loads([
-            ActorLoad(rank, in_flight[a], latency[a], status[a] == "alive",
-                      restarting=status[a] == "restarting", ejected=ejected[a])
-            for rank, a in enumerate(self._target.actors)
-        ])
+        """Calls in flight per actor of this view (rank order), with latency and liveness, as
+        they were at one instant."""
+        snapshot = self._root.router.scheduler.snapshot()
+        loads = []
+        for rank, actor in enumerate(self._target.actors):
+            in_flight, _, latency, status, ejected = snapshot[actor]
+            loads.append(ActorLoad(rank, in_flight, latency, status == "alive",
+                                   restarting=status == "restarting", ejected=ejected))
+        return Loads(loads)
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._root.label}, {self._target.shape})"
@@ -325,11 +333,12 @@ class ActorMesh(Selectable, Generic[T]):
 
 
 def _router(handles: list[Any], full: Shape, scheduler: _native.Scheduler,
-            restart_timeout_s: float) -> Router:
+            restart_timeout_s: float, send_batch: _batch.SendBatch) -> Router:
     """The router of a mesh's actors; a Python Balancer (the `external` policy) drains its
     queue on the loop thread, never on Ray's."""
     return Router(handles, [Point(r, full) for r in range(full.size)], scheduler,
-                  defer_drain=scheduler.policy == "external", restart_timeout_s=restart_timeout_s)
+                  defer_drain=scheduler.policy == "external", restart_timeout_s=restart_timeout_s,
+                  send_batch=send_batch)
 
 
 def _run_restart_hook(root_ref: weakref.ref[_Root], hook: Callable[[ActorMesh[Any]], object],
@@ -367,15 +376,18 @@ class _Methods:
         cached = self._cache.get(name)
         if cached is None:
             root = self._mesh._root
+            alone = False
             if root.cls is not None:
                 definition = method_def(root.cls, name)
                 dispatch = definition.dispatch if definition else None
+                alone = definition is not None and not definition.coalesce
             elif name in root.method_names and not name.startswith("__"):
                 dispatch = None
             else:
                 raise AttributeError(f"{root.class_name} has no method {name!r}")
             options = CallOptions(dispatch=dispatch)
-            cached = self._cache[name] = MeshMethod(self._mesh._target, name, options)
+            cached = self._cache[name] = MeshMethod(self._mesh._target, name, options,
+                                                    alone=alone)
         return cached
 
     def __dir__(self) -> list[str]:

@@ -16,16 +16,19 @@ import dataclasses
 import functools
 import inspect
 import math
+import time
 import types
 import weakref
 from collections.abc import Callable, Coroutine, Hashable, Iterable, Sequence
 from typing import Any, Concatenate, Generic, Protocol, TypeVar, overload
 
+import ray
 from typing_extensions import ParamSpec, Self
 
 from . import _loop, _share
 from ._calls import Call, Router
-from ._future import MeshFuture, MeshMap, ValueMesh
+from ._future import MeshFuture, ValueMesh
+from ._map import MeshMap
 from ._result import Result
 from ._shape import Point, Shape
 from .dispatch import Dispatch
@@ -117,13 +120,19 @@ class _Unary(Protocol[A_contra, R]):
 class MeshMethod(Generic[P, R_co]):
     """One method of the mesh's actor class, bound to a mesh: the verbs `all`, `choose`, `shard`."""
 
-    __slots__ = ("_target", "_name", "_options", "_choose_label")
+    __slots__ = ("_target", "_name", "_options", "_choose_label", "_alone", "_method_id",
+                 "_rides")
 
-    def __init__(self, target: Target, name: str, options: CallOptions) -> None:
+    def __init__(self, target: Target, name: str, options: CallOptions, *,
+                 alone: bool = False) -> None:
         self._target = target
         self._name = name
         self._options = options
         self._choose_label = f"{target.label}.{name}.choose"
+        self._alone = alone  # `@am.method(coalesce=False)`: its calls never ride a batch
+        router = target.router
+        self._method_id = router.method_id(name, alone)
+        self._rides = router.coalesces and not alone
 
     @property
     def name(self) -> str:
@@ -143,7 +152,8 @@ class MeshMethod(Generic[P, R_co]):
         if router.closed:
             router.check_open(self._name)
         call = Call(router, self._name, args, kwargs, target=target, key=options.affinity,
-                    retries=options.retries)
+                    retries=options.retries, method_id=self._method_id,
+                    alone=self._rides and _has_ref(args, kwargs))
         future: MeshFuture[R_co] = MeshFuture.of_call(
             call, self._choose_label, return_exceptions=options.return_exceptions)
         router.route(call)
@@ -158,10 +168,11 @@ class MeshMethod(Generic[P, R_co]):
         """Call the method once per item, each through `choose`, and yield the results: in the
         order of `items` (`ordered=False`: as they complete), with at most `window` calls
         outstanding, so a lazy or endless iterable streams in constant memory. The default
-        window keeps every slot busy: `max_in_flight` calls per actor, else two (one running,
-        one waiting in the actor, hiding the round trip). A failed call raises at its item's
-        position, or is yielded with `options(return_exceptions=True)`. Iterate with `for` or
-        `async for`; leaving the loop early cancels the calls not yet sent.
+        window keeps every slot busy with calls waiting for each slot that frees: with
+        coalescing, as many as the batches of its method's calls hold (they follow its measured
+        service time), else a call or two per slot. A failed call raises at its item's position,
+        or is yielded with `options(return_exceptions=True)`. What it returns is an iterator:
+        `next()`, `for` or `async for`; leaving it early cancels the calls not yet sent.
         """
         if not isinstance(ordered, bool):
             raise TypeError(f"ordered={ordered!r}: must be a bool")
@@ -169,11 +180,12 @@ class MeshMethod(Generic[P, R_co]):
                                    or window < 1):
             raise ValueError(f"window={window!r}: must be an int >= 1, or None")
         assert isinstance(self, MeshMethod)
-        target = self._target
         if window is None:
-            slots = target.router.scheduler.max_in_flight
-            window = len(target.actors) * (slots if slots else 2)
-        return MeshMap(self.choose, iter(items), ordered, window)
+            router, method_id, actors = self._target.router, self._method_id, len(self._target.actors)
+            return MeshMap(self.choose, iter(items), ordered,
+                           lambda: router.default_window(method_id, actors))
+        fixed = window
+        return MeshMap(self.choose, iter(items), ordered, lambda: fixed)
 
     def shard(self, *args: P.args, **kwargs: P.kwargs) -> MeshFuture[R_co]:
         """Split the arguments across the actors with the method's dispatch; collect the results."""
@@ -199,8 +211,8 @@ class MeshMethod(Generic[P, R_co]):
         router.check_open(self._name)
         shared = _share.share_plan(plan)
         positions = sorted(plan)
-        calls = [Call(router, self._name, *shared[p], point=Point(p, target.shape))
-                 for p in positions]
+        calls = [Call(router, self._name, *shared[p], point=Point(p, target.shape),
+                      method_id=self._method_id) for p in positions]
         label = f"{target.label}.{self._name}.{verb}"
         future: MeshFuture[Any] = MeshFuture.of_calls(
             calls, combine, label, router, return_exceptions=return_exceptions)
@@ -228,7 +240,8 @@ class MeshMethod(Generic[P, R_co]):
             "retries": retries,
         }
         changes = {k: v for k, v in given.items() if v is not _UNSET}
-        return type(self)(self._target, self._name, dataclasses.replace(self._options, **changes))
+        return type(self)(self._target, self._name, dataclasses.replace(self._options, **changes),
+                          alone=self._alone)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co:
         """Direct calls are for the actor itself; from outside, pick a verb."""
@@ -245,8 +258,20 @@ def _expire(router: Router, timeout_s: float, calls: Sequence[Call], label: str,
             result: Result[Any]) -> None:
     """Fail the calls still running after `timeout_s`; the timer goes once `result` settles,
     so it keeps nothing alive past the call."""
+    deadline = time.monotonic() + timeout_s
+    for call in calls:
+        call.deadline = deadline
     timer = router.expire_after(timeout_s, calls, label)
     result.add_done_callback(lambda _: timer.cancel())
+
+
+def _has_ref(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call passes an ObjectRef as an argument. Ray resolves those before a lone call
+    runs; inside a batch it would not (and the batch would wait for it): such a call goes alone."""
+    for arg in args:
+        if isinstance(arg, ray.ObjectRef):
+            return True
+    return bool(kwargs) and any(isinstance(v, ray.ObjectRef) for v in kwargs.values())
 
 
 class AsyncMeshMethod(MeshMethod[P, R_co]):
@@ -261,15 +286,20 @@ class AsyncMeshMethod(MeshMethod[P, R_co]):
 
 
 class MethodDef(Generic[P, R]):
-    """What `@am.method` leaves on the class: the function and its default dispatch."""
+    """What `@am.method` leaves on the class: the function, its default dispatch, and whether
+    its calls may ride a batch with others."""
 
-    def __init__(self, fn: Callable[..., Any], dispatch: Dispatch | None) -> None:
+    def __init__(self, fn: Callable[..., Any], dispatch: Dispatch | None,
+                 coalesce: bool = True) -> None:
         if not callable(fn):
             raise TypeError(f"@am.method needs a function, got {fn!r}")
         if dispatch is not None and not isinstance(dispatch, Dispatch):
             raise TypeError(f"@am.method(dispatch={dispatch!r}): must be an am.Dispatch")
+        if not isinstance(coalesce, bool):
+            raise TypeError(f"@am.method(coalesce={coalesce!r}): must be a bool")
         self.fn = fn
         self.dispatch = dispatch
+        self.coalesce = coalesce
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
 
@@ -302,10 +332,11 @@ class AsyncMethodDef(MethodDef[P, R]):
 
 
 class _Decorator:
-    """`@am.method(dispatch=...)`: the decorator once its arguments are given."""
+    """`@am.method(dispatch=..., coalesce=...)`: the decorator once its arguments are given."""
 
-    def __init__(self, dispatch: Dispatch | None) -> None:
+    def __init__(self, dispatch: Dispatch | None, coalesce: bool) -> None:
         self._dispatch = dispatch
+        self._coalesce = coalesce
 
     @overload
     def __call__(
@@ -315,7 +346,7 @@ class _Decorator:
     def __call__(self, fn: Callable[Concatenate[Any, P], R], /) -> MethodDef[P, R]: ...
     def __call__(self, fn: Callable[..., Any], /) -> MethodDef[Any, Any]:
         cls = AsyncMethodDef if inspect.iscoroutinefunction(fn) else MethodDef
-        return cls(fn, self._dispatch)
+        return cls(fn, self._dispatch, self._coalesce)
 
 
 @overload
@@ -325,14 +356,18 @@ def method(
 @overload
 def method(fn: Callable[Concatenate[Any, P], R], /) -> MethodDef[P, R]: ...
 @overload
-def method(*, dispatch: Dispatch | None = None) -> _Decorator: ...
+def method(*, dispatch: Dispatch | None = None, coalesce: bool = True) -> _Decorator: ...
 def method(
-    fn: Callable[..., Any] | None = None, /, *, dispatch: Dispatch | None = None
+    fn: Callable[..., Any] | None = None, /, *, dispatch: Dispatch | None = None,
+    coalesce: bool = True,
 ) -> MethodDef[Any, Any] | _Decorator:
     """Mark an actor method as callable through a mesh, optionally with a default dispatch.
 
     Works bare (`@am.method`) and with arguments (`@am.method(dispatch=am.dispatch.split())`),
-    on `def` and `async def` methods.
+    on `def` and `async def` methods. `coalesce=False` keeps every call of the method its own
+    Ray task: it never rides a batch with other calls that waited for the same actor.
     """
-    decorator = _Decorator(dispatch)
+    if not isinstance(coalesce, bool):
+        raise TypeError(f"@am.method(coalesce={coalesce!r}): must be a bool")
+    decorator = _Decorator(dispatch, coalesce)
     return decorator if fn is None else decorator(fn)

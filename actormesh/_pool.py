@@ -33,6 +33,7 @@ from ray.exceptions import RayActorError
 
 from . import _loop, _ray
 from ._balancer import Balancer, BalancerSpec, Policy
+from ._bulk import check_timeout
 from ._calls import Call
 from ._mesh import ActorMesh
 from ._result import Result
@@ -73,8 +74,10 @@ class _Generation:
 
     def __init__(self, handles: list[ActorHandle[Any]], balancer: BalancerSpec,
                  max_in_flight: int) -> None:
+        # `fn` makes each Ray call itself: the pool cannot send calls together (coalesce=1).
         self.mesh: ActorMesh[Any] = ActorMesh.from_actors(
-            handles, balancer=balancer, max_in_flight=max_in_flight, name="ActorPool")
+            handles, balancer=balancer, max_in_flight=max_in_flight, coalesce=1,
+            name="ActorPool")
         self.target = self.mesh._target  # the whole mesh, which every call is routed in
         self.router = self.target.router
         self.scheduler = self.router.scheduler
@@ -271,7 +274,7 @@ class ActorPool(Generic[T]):
         has returned a later result, TimeoutError on timeout; with `ignore_if_timedout` the
         timed-out result is dropped first (the next call returns the one after it).
         """
-        _check_timeout(timeout)
+        check_timeout(timeout)
         if not self._tasks:
             raise StopIteration("No more results to get")
         if self._next_return >= self._next_index:
@@ -296,7 +299,7 @@ class ActorPool(Generic[T]):
         Raises StopIteration when nothing is pending and TimeoutError on timeout; with
         `ignore_if_timedout` the oldest pending result is dropped first.
         """
-        _check_timeout(timeout)
+        check_timeout(timeout)
         if not self._tasks:
             raise StopIteration("No more results to get")
         with self._cond:
@@ -455,12 +458,3 @@ class ActorPool(Generic[T]):
     def __repr__(self) -> str:
         gen = self._gen
         return f"ActorPool({len(gen.handles) if gen else 0} actors, {len(self._tasks)} pending)"
-
-
-def _check_timeout(timeout: float | None) -> None:
-    """None, or a finite number of seconds >= 0 (0 polls, as `ray.wait` does)."""
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not math.isfinite(timeout) or timeout < 0:
-        raise ValueError(f"timeout={timeout!r}: must be a finite number of seconds >= 0, or None")

@@ -3,14 +3,17 @@
 - `outcome(ref)`: how a finished call ended (a value, a raise in the method, the actor gone),
   read from the object's metadata without deserialising it, so that Ray's completion thread
   pays ~2 µs per call instead of a deserialisation.
+- `run_on_event_loop`: inside an asyncio actor, a function that Ray runs on the task's own
+  thread (`__ray_call__`) runs coroutines on the actor's event loop, as Ray runs its own.
 - `subscribe` / `actor_state`: Ray's GCS actor channel (followed by `_failures.ActorStates`),
   which publishes every change of every actor's state (alive, restarting with its restart
   count, dead) within milliseconds. It is how a mesh sees an
   idle actor die or come back without keeping a call pending on it (which would need a
   concurrency group, and that moves a synchronous actor's methods off its `__init__` thread).
-- `in_process(ref)`: whether a value can be read at once (an async reader then reads it on its
-  own event loop instead of handing the read to a thread).
-- `cancellable(handle)`: whether `ray.cancel` may be used on the actor's calls.
+- `arrived(ref)`: whether a value can be read at once (a reader then reads it on its own
+  thread or event loop instead of waiting, or handing the read to a thread).
+- `runs_calls_at_once(handle)`: whether the actor runs calls out of order, which is also
+  whether `ray.cancel` may be used on its calls.
 
 These need Ray 2.60 or newer (`ObjectRef._on_ready` first shipped there): `require` refuses an
 older Ray when actormesh is imported, naming the version found.
@@ -20,11 +23,14 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import ray
 
 log = logging.getLogger("actormesh")
+
+T = TypeVar("T")
 
 # How a call ended, as `outcome` tells it.
 OK = 0  # returned a value
@@ -82,12 +88,13 @@ def outcome(ref: Any) -> int:
     return _KINDS.get(int(head), FAILED) if head.isdigit() else OK
 
 
-def in_process(ref: Any) -> bool:
-    """Whether a finished call's value is held in this process's own memory (a small value
-    Ray returned inline), so reading it waits for no transfer."""
+def arrived(ref: Any) -> bool:
+    """Whether the value (or error) behind `ref` is already in this process's memory store, so
+    that reading it now does not wait. False if this Ray cannot tell, or for a large value kept
+    in the object store."""
     try:
         return bool(_worker.global_worker.core_worker.object_exists(ref, memory_store_only=True))
-    except Exception:  # noqa: BLE001 - not the internals this was written for: assume not
+    except Exception:  # noqa: BLE001 - not the internals this was written for
         return False
 
 
@@ -152,12 +159,30 @@ def _reason(data: Any) -> str:
         return ""
 
 
-def cancellable(handle: Any) -> bool:
-    """Whether calls to this actor may be cancelled with `ray.cancel`: an async or threaded
-    actor (out-of-order execution) drops a cancelled call cleanly. An in-order (synchronous)
-    actor runs a call it holds anyway, and Ray 2.60 cancelling one not yet delivered leaves a
-    gap in the actor's sequence numbers: it waits 30 s for the missing call, then fails every
-    call queued behind it."""
+def in_asyncio_actor() -> bool:
+    """Whether this process is an actor that runs its calls on an asyncio event loop."""
+    return bool(_worker.global_worker.core_worker.current_actor_is_asyncio())
+
+
+def run_on_event_loop(coroutine: Coroutine[Any, Any, T], cls: type[Any]) -> T:
+    """Run `coroutine` on the event loop of the asyncio actor (of class `cls`) this task runs in,
+    from the task's own thread, as Ray runs an `async def` method: the task's fiber yields until
+    it is done, so the actor's other calls go on meanwhile. What a function sent with
+    `__ray_call__` (which Ray runs on the task's thread) needs in order to await."""
+    raylet: Any = importlib.import_module("ray._raylet")
+    descriptor = raylet.PythonFunctionDescriptor(cls.__module__, "__ray_call__", cls.__name__)
+    result: T = _worker.global_worker.core_worker.run_async_func_or_coro_in_event_loop(
+        coroutine, descriptor, "", is_actor_task=True)
+    return result
+
+
+def runs_calls_at_once(handle: Any) -> bool:
+    """Whether the actor behind `handle` may run several calls at once (an asyncio actor, or
+    one with max_concurrency > 1): Ray lets such actors run calls out of order, and only they
+    drop a cancelled call cleanly. An in-order (synchronous) actor runs a call it holds anyway,
+    and Ray 2.60 cancelling one not yet delivered leaves a gap in the actor's sequence numbers:
+    it waits 30 s for the missing call, then fails every call queued behind it. False if this
+    Ray cannot tell."""
     return bool(getattr(handle, "_ray_allow_out_of_order_execution", False))
 
 

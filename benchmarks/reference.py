@@ -17,10 +17,22 @@ Shared rules, native and here:
 - least_loaded and pull: the fewest calls in flight, lowest rank on ties. pull is least_loaded
   with max_in_flight defaulting to 1, so the group queue is its central queue.
 - sed: the least (in_flight + 1) * ewma_s, then fewer calls in flight, then lowest rank.
+- adaptive: the fewest calls in flight, then the most recently sent a task, then lowest rank.
+- Each actor holds at most max_tasks Ray tasks (0: unbounded), a task beyond the first only while
+  its ewma_s is below pipeline_s (when that is > 0).
 - affinity: the key's last actor keeps the call unless its in_flight exceeds the group's least
   loaded eligible member by more than affinity_abs AND by a factor above affinity_rel.
 - A queued call leaves its queue when a slot frees in one of its group's actors; among the
   groups that can dispatch, the oldest ticket goes first.
+- Coalescing: the call a drain dispatches opens a Ray task on its actor; the calls that wait for
+  that actor (in any of its groups, oldest first) join the task while each may ride (neither it
+  nor its method is alone), the task has fewer than `coalesce` calls, the actor a free call slot,
+  and their expected service times (the method's ewma_s, or batch_budget_s / 4 unmeasured) fit
+  the rest of batch_budget_s.
+- Service time: a task of k calls is k samples of an equal share of its duration: the EWMA moves
+  by the weight 1 - (1 - alpha)**k (alpha for one call). The method's estimate, and the actor's
+  one for the pipeline rule (`low_s`), rise RISE_SLOWER times slower than they fall: samples
+  taken on the driver are inflated by its own delays, never deflated.
 """
 
 from __future__ import annotations
@@ -68,27 +80,55 @@ class PickerError(RuntimeError):
 
 @dataclass(frozen=True)
 class Decision:
+    """One Ray task: its first call's ticket, its actor (-1: queued), every call's ticket."""
+
     ticket: int
     actor: int  # -1: queued
+    tickets: tuple[int, ...] = ()  # of a batch; () for a lone call
 
 
 @dataclass
 class ActorLoad:
     in_flight: int = 0
+    tasks: int = 0
+    last_task: int = 0  # when it was last sent a task, counted in tasks sent
     alive: bool = True
     ewma_s: float | None = None  # None until the first sample
+    low_s: float = 0.0  # slow to rise: for the pipeline rule
     last_end_s: float = -math.inf
+
+
+@dataclass
+class Method:
+    alone: bool
+    ewma_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Queued:
+    ticket: int
+    affinity: int | None
+    method: int
+    alone: bool
 
 
 @dataclass
 class Group:
     members: list[int]  # ascending rank
     member_set: frozenset[int]
-    queue: deque[tuple[int, int | None]] = field(default_factory=deque)  # (ticket, affinity)
+    queue: deque[Queued] = field(default_factory=deque)
     cursor: int = 0  # round_robin
 
 
-POLICIES = ("random", "round_robin", "pow2", "least_loaded", "pull", "sed", "external")
+POLICIES = ("random", "round_robin", "pow2", "least_loaded", "pull", "sed", "adaptive",
+            "external")
+UNMEASURED_BATCH = 4  # an unmeasured method's calls are expected to take budget / this
+RISE_SLOWER = 8.0
+
+
+def lower(estimate: float, sample: float, weight: float) -> float:
+    """An EWMA step that rises RISE_SLOWER times slower than it falls."""
+    return estimate + (weight if sample < estimate else weight / RISE_SLOWER) * (sample - estimate)
 
 
 class Scheduler:
@@ -98,6 +138,10 @@ class Scheduler:
         policy: str = "pow2",
         *,
         max_in_flight: int = 0,
+        max_tasks: int = 0,
+        pipeline_s: float = 0.0,
+        coalesce: int = 1,
+        batch_budget_s: float = 0.002,
         seed: int = 0,
         ewma_alpha: float = 0.2,
         prior_s: float = 0.0,
@@ -125,6 +169,10 @@ class Scheduler:
         self.num_actors = num_actors
         self.policy = policy
         self.max_in_flight = 1 if policy == "pull" and max_in_flight == 0 else max_in_flight
+        self.max_tasks = max_tasks
+        self._pipeline_s = pipeline_s
+        self.coalesce = coalesce
+        self._budget_s = batch_budget_s
         self._rng = SplitMix64(seed)
         self._alpha = ewma_alpha
         self._prior_s = prior_s
@@ -139,13 +187,16 @@ class Scheduler:
             "least_loaded": self._pick_least_loaded,
             "pull": self._pick_least_loaded,  # over single slots: max_in_flight defaults to 1
             "sed": self._pick_sed,
+            "adaptive": self._pick_adaptive,
             "external": self._pick_external,
         }[policy]
         self._loads = [ActorLoad() for _ in range(num_actors)]
+        self._methods = [Method(alone=False)]  # method 0: any call
+        self._tasks_sent = 0
         # Kept incrementally, like the native core, so that both round the mean EWMA alike.
         self._ewma_sum = 0.0
         self._measured = 0
-        self._blocked = 0  # actors dead or full: when 0, every member of every group is eligible
+        self._blocked = 0  # actors not eligible: when 0, every member of every group is
         self._affinity: OrderedDict[int, int] = OrderedDict()  # key -> actor, oldest first
         self._groups: list[Group] = []
         self._group_ids: dict[tuple[int, ...], int] = {}
@@ -178,49 +229,67 @@ class Scheduler:
     def group_members(self, group: int) -> list[int]:
         return list(self._group(group).members)
 
+    def add_method(self, alone: bool = False) -> int:
+        self._methods.append(Method(alone))
+        return len(self._methods) - 1
+
+    def method_latency_s(self, method: int) -> float:
+        ewma = self._method(method).ewma_s
+        return math.nan if ewma is None else ewma
+
     # Events
 
-    def submit(self, group: int, affinity: int | None = None) -> Decision:
+    def submit(self, group: int, affinity: int | None = None, *, method: int = 0,
+               alone: bool = False) -> Decision:
         """Dispatches to an eligible member, or queues when every live member is full."""
         g = self._group(group)
+        self._method(method)
         key = None if affinity is None else affinity & MASK64
         if not any(self._loads[a].alive for a in g.members):
             raise NoLiveActors(f"no live actor among the {len(g.members)} actors of group {group}")
         ticket = self._next_ticket
-        if not self._eligible_members(g):
+        if not self._eligible_members(g) or g.queue:
             self._next_ticket += 1
-            g.queue.append((ticket, key))
+            g.queue.append(Queued(ticket, key, method, alone))
             self._queued[ticket] = group
             return Decision(ticket, -1)
         actor = self._choose(g, key)  # a picker may raise here; nothing has changed yet
         self._next_ticket += 1
-        self._set_in_flight(actor, +1)
+        self._add_load(actor, 1, 1)
         return Decision(ticket, actor)
 
-    def complete(self, actor: int, started_s: float, ended_s: float, ok: bool) -> list[Decision]:
-        """Ends one call on `actor`, learns its service time, and dispatches what the slot frees."""
+    def complete(self, actor: int, started_s: float, ended_s: float, ok: bool, *,
+                 calls: int = 1, method: int = 0, timed: bool = True) -> list[Decision]:
+        """Ends a task of `calls` calls on `actor`, learns its service time per call, and
+        dispatches what its slots free."""
         self._check_actor(actor)
+        self._method(method)
         if not (math.isfinite(started_s) and math.isfinite(ended_s)):
             raise ValueError(
                 f"complete(actor={actor}): started_s {started_s}, ended_s {ended_s}: times must be finite"
             )
         load = self._loads[actor]
-        if load.in_flight == 0:
-            raise RuntimeError(f"complete(actor={actor}): no call in flight on actor {actor}")
-        self._set_in_flight(actor, -1)
-        self._record(load, started_s, ended_s, ok)
+        if not 1 <= calls <= load.in_flight or load.tasks == 0:
+            raise RuntimeError(f"complete(actor={actor}, calls={calls}): {load.in_flight} calls "
+                               f"in {load.tasks} tasks in flight on actor {actor}")
+        was = self._eligible(actor)
+        load.in_flight -= calls
+        load.tasks -= 1
+        if timed:
+            self._record(load, started_s, ended_s, ok, calls, self._methods[method])
+        self._blocked += was - self._eligible(actor)
         return self._drain(actor)
 
     def acquire(self, actor: int) -> None:
         self._check_actor(actor)
-        self._set_in_flight(actor, +1)
+        self._add_load(actor, 1, 1)
 
     def cancel(self, ticket: int) -> bool:
         group = self._queued.pop(ticket, None)
         if group is None:
             return False
         queue = self._groups[group].queue
-        queue.remove(next(call for call in queue if call[0] == ticket))
+        queue.remove(next(call for call in queue if call.ticket == ticket))
         return True
 
     def mark_dead(self, actor: int) -> list[int]:
@@ -234,9 +303,9 @@ class Scheduler:
             g = self._groups[group]
             if any(self._loads[a].alive for a in g.members):
                 continue
-            for ticket, _ in g.queue:
-                orphaned.append(ticket)
-                del self._queued[ticket]
+            for call in g.queue:
+                orphaned.append(call.ticket)
+                del self._queued[call.ticket]
             g.queue.clear()
         return sorted(orphaned)
 
@@ -254,6 +323,9 @@ class Scheduler:
 
     def mean_latency_s(self) -> list[float]:
         return [self._latency(actor) for actor in range(self.num_actors)]
+
+    def tasks(self) -> list[int]:
+        return [load.tasks for load in self._loads]
 
     def alive(self) -> list[bool]:
         return [load.alive for load in self._loads]
@@ -331,6 +403,9 @@ class Scheduler:
 
         return min(eligible, key=expected_delay)
 
+    def _pick_adaptive(self, g: Group, eligible: Sequence[int], key: int | None) -> int:
+        return min(eligible, key=lambda a: (self._loads[a].in_flight, -self._loads[a].last_task))
+
     def _pick_external(self, g: Group, eligible: Sequence[int], key: int | None) -> int:
         assert self._picker is not None
         index = self._picker(
@@ -363,17 +438,17 @@ class Scheduler:
             ]
             if not ready:
                 break
-            g = min(ready, key=lambda group: group.queue[0][0])
-            ticket, key = g.queue.popleft()
-            del self._queued[ticket]
+            g = min(ready, key=lambda group: group.queue[0].ticket)
+            call = g.queue.popleft()
+            del self._queued[call.ticket]
             try:
-                chosen = self._choose(g, key)
+                chosen = self._choose(g, call.affinity)
             except Exception as err:  # noqa: BLE001 - any picker failure fails only this call
                 error = error or err
-                failed.append(ticket)
+                failed.append(call.ticket)
                 continue
-            self._set_in_flight(chosen, +1)
-            dispatched.append(Decision(ticket, chosen))
+            self._add_load(chosen, 1, 1)
+            dispatched.append(self._batch(chosen, call))
         if error is not None:
             raise PickerError(
                 f"picker failed on {len(failed)} queued call(s) ({type(error).__name__}: {error})",
@@ -382,20 +457,63 @@ class Scheduler:
             ) from error
         return dispatched
 
+    def _batch(self, actor: int, first: Queued) -> Decision:
+        """The task `first` opens on `actor`, with the waiting calls that ride along."""
+        tickets = [first.ticket]
+        if self.coalesce == 1 or not self._may_ride(first):
+            return Decision(first.ticket, actor)
+        budget = self._budget_s - self._expected_s(first)
+        while len(tickets) < self.coalesce and self._has_call_slot(actor):
+            waiting = [self._groups[group] for group in self._memberships[actor]
+                       if self._groups[group].queue]
+            if not waiting:
+                break
+            g = min(waiting, key=lambda group: group.queue[0].ticket)
+            mate = g.queue[0]
+            if not self._may_ride(mate) or self._expected_s(mate) > budget:
+                break
+            budget -= self._expected_s(mate)
+            g.queue.popleft()
+            del self._queued[mate.ticket]
+            self._add_load(actor, 1, 0)
+            if mate.affinity is not None:
+                self._remember(mate.affinity, actor)
+            tickets.append(mate.ticket)
+        return Decision(first.ticket, actor, tuple(tickets) if len(tickets) > 1 else ())
+
+    def _may_ride(self, call: Queued) -> bool:
+        return not call.alone and not self._methods[call.method].alone
+
+    def _expected_s(self, call: Queued) -> float:
+        ewma = self._methods[call.method].ewma_s
+        return self._budget_s / UNMEASURED_BATCH if ewma is None else ewma
+
     # Load bookkeeping
+
+    def _has_call_slot(self, actor: int) -> bool:
+        return self.max_in_flight == 0 or self._loads[actor].in_flight < self.max_in_flight
 
     def _eligible(self, actor: int) -> bool:
         load = self._loads[actor]
-        return load.alive and (self.max_in_flight == 0 or load.in_flight < self.max_in_flight)
+        if not load.alive or not self._has_call_slot(actor):
+            return False
+        if self.max_tasks == 0 or load.tasks == 0:
+            return True
+        short = self._pipeline_s <= 0 or (load.ewma_s is not None and load.low_s < self._pipeline_s)
+        return load.tasks < self.max_tasks and short
 
     def _eligible_members(self, g: Group) -> Sequence[int]:
         if self._blocked == 0:  # skips the scan in the common case, keeping pow2 O(1) here too
             return g.members
         return [a for a in g.members if self._eligible(a)]
 
-    def _set_in_flight(self, actor: int, delta: int) -> None:
+    def _add_load(self, actor: int, calls: int, tasks: int) -> None:
         was = self._eligible(actor)
-        self._loads[actor].in_flight += delta
+        self._loads[actor].in_flight += calls
+        self._loads[actor].tasks += tasks
+        if tasks > 0:
+            self._tasks_sent += 1
+            self._loads[actor].last_task = self._tasks_sent
         self._blocked += was - self._eligible(actor)
 
     def _set_alive(self, actor: int, alive: bool) -> None:
@@ -403,21 +521,27 @@ class Scheduler:
         self._loads[actor].alive = alive
         self._blocked += was - self._eligible(actor)
 
-    def _record(self, load: ActorLoad, started_s: float, ended_s: float, ok: bool) -> None:
-        """Service time: from the later of the call's start and the actor's previous completion."""
-        sample = ended_s - max(started_s, load.last_end_s)
+    def _record(self, load: ActorLoad, started_s: float, ended_s: float, ok: bool, calls: int,
+                method: Method) -> None:
+        """Service time per call: from the later of the task's start and the actor's previous
+        completion, shared equally by its calls, each one sample."""
+        sample = (ended_s - max(started_s, load.last_end_s)) / calls
         load.last_end_s = max(load.last_end_s, ended_s)
         if not ok or sample < 0:
             return
+        weight = self._alpha if calls == 1 else 1.0 - (1.0 - self._alpha) ** calls
         if load.ewma_s is None:  # the first sample moves the prior like any other
             prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
-            load.ewma_s = prior + self._alpha * (sample - prior)
+            load.ewma_s = prior + weight * (sample - prior)
+            load.low_s = sample
             self._ewma_sum += load.ewma_s
             self._measured += 1
         else:
             old = load.ewma_s
-            load.ewma_s = old + self._alpha * (sample - old)
+            load.ewma_s = old + weight * (sample - old)
+            load.low_s = lower(load.low_s, sample, weight)
             self._ewma_sum += load.ewma_s - old
+        method.ewma_s = sample if method.ewma_s is None else lower(method.ewma_s, sample, weight)
 
     def _latency(self, actor: int) -> float:
         ewma = self._loads[actor].ewma_s
@@ -429,6 +553,11 @@ class Scheduler:
     def _check_actor(self, actor: int) -> None:
         if not 0 <= actor < self.num_actors:
             raise IndexError(f"actor {actor} out of range for {self.num_actors} actors")
+
+    def _method(self, method: int) -> Method:
+        if not 0 <= method < len(self._methods):
+            raise IndexError(f"method {method} unknown ({len(self._methods)} methods registered)")
+        return self._methods[method]
 
     def _group(self, group: int) -> Group:
         if not 0 <= group < len(self._groups):

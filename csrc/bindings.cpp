@@ -30,11 +30,14 @@ using actormesh::Status;
 
 namespace {
 
-// A decision as Python sees it: the core's, with the payload the caller queued the call with.
+// A decision as Python sees it: one Ray task, with the payloads its calls were queued with. A
+// lone call is a task of one; `ticket` and `payload` are its first call's.
 struct PyDecision {
   uint64_t ticket;
   int32_t actor;
   nb::object payload;
+  std::vector<uint64_t> tickets;
+  nb::list payloads;
 };
 
 // Payloads cross into the core as the address of a Python object the core owns one reference
@@ -48,10 +51,22 @@ nb::object from_core(uint64_t payload) {
   return payload == 0 ? nb::none() : nb::steal(reinterpret_cast<PyObject*>(payload));
 }
 
+// One PyDecision per task: a decision that opens a task (calls >= 1) and the mates after it.
 std::vector<PyDecision> from_core(std::vector<Decision>&& decisions) {
   std::vector<PyDecision> out;
   out.reserve(decisions.size());
-  for (const Decision& d : decisions) out.push_back({d.ticket, d.actor, from_core(d.payload)});
+  for (const Decision& d : decisions) {
+    nb::object payload = from_core(d.payload);
+    if (d.calls == 0 && !out.empty()) {
+      out.back().tickets.push_back(d.ticket);
+      out.back().payloads.append(payload);
+      continue;
+    }
+    PyDecision task{d.ticket, d.actor, payload, {d.ticket}, nb::list()};
+    task.tickets.reserve(d.calls);
+    task.payloads.append(std::move(payload));
+    out.push_back(std::move(task));
+  }
   return out;
 }
 
@@ -234,20 +249,28 @@ NB_MODULE(_native, m) {
   m.attr("PickerError") = nb::steal(picker_error_type);
 
   nb::class_<PyDecision>(m, "Decision",
-                         "Where one call goes: `actor` -1 means it was queued (from submit) or "
-                         "can never run. `payload` is what the call was queued with.")
+                         "Where one Ray task goes: `actor` -1 means its call was queued (from "
+                         "submit) or can never run. `payload` is what its (first) call was "
+                         "queued with; `tickets` and `payloads` list every call it carries.")
       .def(
           "__init__",
           [](PyDecision* self, uint64_t ticket, int32_t actor, nb::object payload) {
-            new (self) PyDecision{ticket, actor, std::move(payload)};
+            nb::list payloads;
+            payloads.append(payload);
+            new (self) PyDecision{ticket, actor, std::move(payload), {ticket}, payloads};
           },
           "ticket"_a, "actor"_a, "payload"_a = nb::none())
       .def_ro("ticket", &PyDecision::ticket)
       .def_ro("actor", &PyDecision::actor)
       .def_ro("payload", &PyDecision::payload)
+      .def_ro("tickets", &PyDecision::tickets)
+      .def_ro("payloads", &PyDecision::payloads)
       .def("__repr__", [](const PyDecision& d) {
+        std::string tickets;
+        for (const uint64_t t : d.tickets) tickets += (tickets.empty() ? "" : ", ") + std::to_string(t);
         return "Decision(ticket=" + std::to_string(d.ticket) +
-               ", actor=" + std::to_string(d.actor) + ")";
+               ", actor=" + std::to_string(d.actor) +
+               (d.tickets.size() > 1 ? ", tickets=[" + tickets + "]" : std::string()) + ")";
       });
 
   nb::class_<PyScheduler>(m, "Scheduler", "Which actor of a mesh gets each call (see csrc/API.md).",
@@ -255,6 +278,7 @@ NB_MODULE(_native, m) {
       .def(
           "__init__",
           [](PyScheduler* self, int64_t num_actors, std::string policy, int64_t max_in_flight,
+             int64_t max_tasks, double pipeline_s, int64_t coalesce, double batch_budget_s,
              uint64_t seed, double ewma_alpha, double prior_s, int64_t affinity_abs,
              double affinity_rel, int64_t affinity_capacity, bool sticky, int64_t eject_after,
              double eject_base_s, double eject_max_s, std::optional<nb::callable> picker) {
@@ -262,6 +286,10 @@ NB_MODULE(_native, m) {
             config.num_actors = num_actors;
             config.policy = std::move(policy);
             config.max_in_flight = max_in_flight;
+            config.max_tasks = max_tasks;
+            config.pipeline_s = pipeline_s;
+            config.coalesce = coalesce;
+            config.batch_budget_s = batch_budget_s;
             config.seed = seed;
             config.ewma_alpha = ewma_alpha;
             config.prior_s = prior_s;
@@ -280,6 +308,7 @@ NB_MODULE(_native, m) {
             new (self) PyScheduler(std::move(config), std::move(picker_ref));
           },
           "num_actors"_a, "policy"_a = "pow2", nb::kw_only(), "max_in_flight"_a = 0,
+          "max_tasks"_a = 0, "pipeline_s"_a = 0.0, "coalesce"_a = 1, "batch_budget_s"_a = 0.002,
           "seed"_a = 0, "ewma_alpha"_a = 0.2, "prior_s"_a = 0.0, "affinity_abs"_a = 2,
           "affinity_rel"_a = 1.5, "affinity_capacity"_a = 65536, "sticky"_a = true,
           "eject_after"_a = 0,
@@ -303,30 +332,51 @@ NB_MODULE(_native, m) {
           },
           "group"_a)
       .def(
+          "add_method",
+          [](PyScheduler& s, bool alone) {
+            return with_gil_rule(s, [&] { return s.add_method(alone); });
+          },
+          "alone"_a = false)
+      .def(
+          "method_latency_s",
+          [](PyScheduler& s, int64_t method) {
+            return with_gil_rule(s, [&] { return s.method_latency_s(method); });
+          },
+          "method"_a)
+      .def(
+          "batch_size",
+          [](PyScheduler& s, int64_t method) {
+            return with_gil_rule(s, [&] { return s.batch_size(method); });
+          },
+          "method"_a)
+      .def(
           "submit",
           [](PyScheduler& s, int64_t group, nb::handle affinity, nb::object payload,
-             std::optional<double> now_s) {
+             std::optional<double> now_s, int64_t method, bool alone) {
             const std::optional<uint64_t> key = affinity_key(affinity);
             const double now = now_s.value_or(std::numeric_limits<double>::quiet_NaN());
             const Decision d = with_gil_rule(s, [&] {
-              return s.submit(group, key, to_core(payload), now);
+              return s.submit(group, key, to_core(payload), now, method, alone);
             });
             // Queued: the core keeps the payload, and with it one reference.
             if (d.actor < 0 && !payload.is_none()) payload.release();
-            return PyDecision{d.ticket, d.actor, nb::none()};
+            return PyDecision{d.ticket, d.actor, nb::none(), {d.ticket}, nb::list()};
           },
           "group"_a, "affinity"_a = nb::none(), "payload"_a = nb::none(),
-          "now_s"_a = nb::none(),
+          "now_s"_a = nb::none(), "method"_a = 0, "alone"_a = false,
           nb::sig("def submit(self, group: int, affinity: int | None = None, "
-                  "payload: object = None, now_s: float | None = None) -> Decision"))
+                  "payload: object = None, now_s: float | None = None, method: int = 0, "
+                  "alone: bool = False) -> Decision"))
       .def(
           "complete",
           [](PyScheduler& s, int64_t actor, double started_s, double ended_s, bool ok,
-             bool drain) {
-            return finish(with_gil_rule(
-                s, [&] { return s.complete(actor, started_s, ended_s, ok, drain); }));
+             bool drain, int64_t calls, int64_t method, bool timed) {
+            return finish(with_gil_rule(s, [&] {
+              return s.complete(actor, started_s, ended_s, ok, drain, calls, method, timed);
+            }));
           },
-          "actor"_a, "started_s"_a, "ended_s"_a, "ok"_a, "drain"_a = true)
+          "actor"_a, "started_s"_a, "ended_s"_a, "ok"_a, "drain"_a = true, "calls"_a = 1,
+          "method"_a = 0, "timed"_a = true)
       .def(
           "drain",
           [](PyScheduler& s, int64_t actor) {
@@ -335,10 +385,10 @@ NB_MODULE(_native, m) {
           "actor"_a)
       .def(
           "release",
-          [](PyScheduler& s, int64_t actor, bool drain) {
-            return finish(with_gil_rule(s, [&] { return s.release(actor, drain); }));
+          [](PyScheduler& s, int64_t actor, bool drain, int64_t calls, bool task) {
+            return finish(with_gil_rule(s, [&] { return s.release(actor, drain, calls, task); }));
           },
-          "actor"_a, "drain"_a = true)
+          "actor"_a, "drain"_a = true, "calls"_a = 1, "task"_a = true)
       .def(
           "acquire",
           [](PyScheduler& s, int64_t actor) { with_gil_rule(s, [&] { s.acquire(actor); }); },
@@ -366,8 +416,21 @@ NB_MODULE(_native, m) {
           "actor"_a)
       .def("take_queued",
            [](PyScheduler& s) { return from_core(with_gil_rule(s, [&] { return s.take_queued(); })); })
+      .def("snapshot",
+           [](PyScheduler& s) {
+             const std::vector<Scheduler::ActorState> states =
+                 with_gil_rule(s, [&] { return s.snapshot(); });
+             nb::list out;
+             for (const Scheduler::ActorState& a : states) {
+               out.append(nb::make_tuple(a.in_flight, a.tasks, a.mean_latency_s,
+                                         status_name(a.status), a.ejected));
+             }
+             return out;
+           },
+           nb::sig("def snapshot(self) -> list[tuple[int, int, float, str, bool]]"))
       .def("in_flight",
            [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.in_flight(); }); })
+      .def("tasks", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.tasks(); }); })
       .def("mean_latency_s",
            [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.mean_latency_s(); }); })
       .def("alive", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.alive(); }); })
@@ -384,7 +447,9 @@ NB_MODULE(_native, m) {
       .def("queued", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.queued(); }); })
       .def_prop_ro("num_actors", [](const PyScheduler& s) { return s.num_actors(); })
       .def_prop_ro("policy", [](const PyScheduler& s) { return s.policy(); })
-      .def_prop_ro("max_in_flight", [](const PyScheduler& s) { return s.max_in_flight(); });
+      .def_prop_ro("max_in_flight", [](const PyScheduler& s) { return s.max_in_flight(); })
+      .def_prop_ro("max_tasks", [](const PyScheduler& s) { return s.max_tasks(); })
+      .def_prop_ro("coalesce", [](const PyScheduler& s) { return s.coalesce(); });
 
   m.def("measure_decision_ns", &actormesh::measure_decision_ns, "policy"_a, "num_actors"_a,
         "decisions"_a, "seed"_a = 0, nb::call_guard<nb::gil_scoped_release>(),

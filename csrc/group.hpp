@@ -18,6 +18,8 @@ struct QueuedCall {
   uint64_t ticket;
   std::optional<uint64_t> affinity;
   uint64_t payload;
+  uint32_t method = 0;  // whose service time it is expected to take
+  bool alone = false;   // never rides a batch (its method says so, or its caller)
 };
 
 struct Group {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -14,9 +15,12 @@ enum class Status : uint8_t { alive, restarting, dead };
 
 struct ActorLoad {
   uint32_t in_flight = 0;  // calls dispatched or acquired and not yet completed
+  uint32_t tasks = 0;      // Ray tasks carrying them: a batch of k calls is k in flight, 1 task
+  uint64_t last_task = 0;  // when it was last sent a task, counted in tasks sent to the mesh
   Status status = Status::alive;
   bool measured = false;   // ewma_s holds at least one sample
   double ewma_s = 0.0;     // moving average of service time, seconds
+  double low_s = 0.0;      // the same, slow to rise (see `lower`): for the pipeline rule
   double last_end_s = -std::numeric_limits<double>::infinity();  // latest completion seen
   // Outlier ejection: an actor that failed `eject_after` calls in a row is passed over until
   // `ejected_until`, as long as another eligible member can take the call.
@@ -29,21 +33,55 @@ struct ActorLoad {
   bool live() const { return status != Status::dead; }
 };
 
+// What the scheduler learns of one method (of every actor): its service time per call, and
+// whether its calls may ride a batch.
+struct MethodLoad {
+  bool alone = false;  // declared never to be batched
+  bool measured = false;
+  double ewma_s = 0.0;  // service time per call, seconds, slow to rise (see `lower`)
+};
+
+// A moving average that falls as an EWMA does and rises `kRiseSlower` times slower. A sample
+// measured on the driver includes the driver's own delays (a completion callback waiting for
+// the GIL while the caller sends a burst can add milliseconds): they inflate samples, never
+// deflate them. The estimates that size batches and allow a second task must not collapse on
+// them, or a burst of tiny calls would stop riding together exactly when it should; a method
+// that is really slow still shows as slow within a few calls.
+constexpr double kRiseSlower = 8.0;
+inline double lower(double estimate, double sample, double weight) {
+  return estimate + (sample < estimate ? weight : weight / kRiseSlower) * (sample - estimate);
+}
+
+// How many Ray tasks an actor may hold at once: the pipeline depth.
+struct TaskLimits {
+  uint32_t max_tasks = 0;   // per actor; 0 = unbounded
+  double pipeline_s = 0.0;  // a task beyond the first only while the actor's EWMA is below it
+};
+
 // The load table of one scheduler, shared by all of its groups.
 class LoadTable {
  public:
-  LoadTable(uint32_t num_actors, uint32_t max_in_flight, double ewma_alpha, double prior_s)
-      : actors_(num_actors), max_in_flight_(max_in_flight), alpha_(ewma_alpha),
-        prior_s_(prior_s) {}
+  LoadTable(uint32_t num_actors, uint32_t max_in_flight, TaskLimits tasks, double ewma_alpha,
+            double prior_s)
+      : actors_(num_actors), methods_(1), max_in_flight_(max_in_flight), tasks_(tasks),
+        alpha_(ewma_alpha), prior_s_(prior_s) {}
 
   uint32_t size() const { return static_cast<uint32_t>(actors_.size()); }
   uint32_t max_in_flight() const { return max_in_flight_; }
+  uint32_t max_tasks() const { return tasks_.max_tasks; }
   const ActorLoad& operator[](uint32_t actor) const { return actors_[actor]; }
 
-  // Alive with a free slot (max_in_flight 0 means unbounded): it may take a call now.
+  // Alive with a free call slot (max_in_flight 0 means unbounded) and a free task slot: it may
+  // take a call now. A task beyond the first waits in the actor behind the running one, which
+  // hides the round trip between two short tasks but commits the call to a busy actor: so it is
+  // allowed only while the actor's calls are measured short (below `pipeline_s`).
   bool eligible(uint32_t actor) const {
     const ActorLoad& a = actors_[actor];
-    return a.alive() && (max_in_flight_ == 0 || a.in_flight < max_in_flight_);
+    return a.alive() && has_call_slot(actor) && has_task_slot(a);
+  }
+
+  bool has_call_slot(uint32_t actor) const {
+    return max_in_flight_ == 0 || actors_[actor].in_flight < max_in_flight_;
   }
 
   // Eligible and not ejected: what the policies choose among while there is any.
@@ -71,39 +109,64 @@ class LoadTable {
 
   // Its ejection is over (the count of ejections stays until a success resets it).
   void readmit(uint32_t actor) { actors_[actor].ejected = false; }
-  void increment(uint32_t actor) { ++actors_[actor].in_flight; }
-  void decrement(uint32_t actor) { --actors_[actor].in_flight; }
-
-  // Records that a call ran from started_s to ended_s. The service-time sample starts at the later
-  // of its start and the actor's previous completion: when the actor was backlogged the call waited
-  // behind others, and only the completion-to-completion interval is work. Samples that come out
-  // negative (completions reported out of order) carry no information and are dropped.
-  // A call that failed is no sample: an actor that fails fast must not look fast. It counts
-  // towards ejection instead (see `failures_in_a_row`).
-  void record(uint32_t actor, double started_s, double ended_s, bool ok) {
+  // `calls` more (or fewer) calls in flight, carried by `tasks` more (or fewer) Ray tasks.
+  void add(uint32_t actor, int32_t calls, int32_t tasks) {
     ActorLoad& a = actors_[actor];
-    const double sample = ended_s - std::max(started_s, a.last_end_s);
-    a.last_end_s = std::max(a.last_end_s, ended_s);
+    a.in_flight += calls;
+    a.tasks += tasks;
+    if (tasks > 0) a.last_task = ++tasks_sent_;
+  }
+
+  // Registers a method; its id indexes `method`. Method 0 exists from the start: any call.
+  uint32_t add_method(bool alone) {
+    methods_.push_back(MethodLoad{alone, false, 0.0});
+    return static_cast<uint32_t>(methods_.size() - 1);
+  }
+  uint32_t num_methods() const { return static_cast<uint32_t>(methods_.size()); }
+  const MethodLoad& method(uint32_t id) const { return methods_[id]; }
+
+  // Records that a task of `calls` calls ran from started_s to ended_s (a lone call is a task of
+  // one). The service-time sample starts at the later of its start and the actor's previous
+  // completion: when the actor was backlogged the task waited behind others, and only the
+  // completion-to-completion interval is work. Each call is one sample of an equal share of it,
+  // so the EWMA moves as far as `calls` samples move it, in O(1). Samples that come out negative
+  // (completions reported out of order) carry no information and are dropped.
+  // A task that failed is no sample: an actor that fails fast must not look fast. It counts
+  // once towards ejection instead (see `failures_in_a_row`).
+  // Without `timed` the end time is not known well enough to measure anything: only the
+  // outcome counts.
+  void record(uint32_t actor, double started_s, double ended_s, bool ok, uint32_t calls = 1,
+              uint32_t method = 0, bool timed = true) {
+    ActorLoad& a = actors_[actor];
     if (ok) {
       a.failures_in_a_row = 0;
       if (!a.ejected) a.ejections = 0;
     } else {
       ++a.failures_in_a_row;
     }
+    if (!timed) return;
+    const double sample = (ended_s - std::max(started_s, a.last_end_s)) / calls;
+    a.last_end_s = std::max(a.last_end_s, ended_s);
     if (!ok || sample < 0.0) return;
+    const double weight = calls == 1 ? alpha_ : 1.0 - std::pow(1.0 - alpha_, calls);
     if (!a.measured) {
       // The first sample moves the prior like any other: one lucky (or unlucky) call must not
       // make an actor look many times faster than the rest, or `sed` queues calls behind it.
       const double prior = prior_s_ > 0.0 ? prior_s_ : mean_ewma_or(sample);
       a.measured = true;
-      a.ewma_s = prior + alpha_ * (sample - prior);
+      a.ewma_s = prior + weight * (sample - prior);
+      a.low_s = sample;
       ewma_sum_ += a.ewma_s;
       ++measured_;
     } else {
       const double old = a.ewma_s;
-      a.ewma_s = old + alpha_ * (sample - old);
+      a.ewma_s = old + weight * (sample - old);
+      a.low_s = lower(a.low_s, sample, weight);
       ewma_sum_ += a.ewma_s - old;
     }
+    MethodLoad& m = methods_[method];
+    m.ewma_s = m.measured ? lower(m.ewma_s, sample, weight) : sample;
+    m.measured = true;
   }
 
   // Mean EWMA over measured actors, or `fallback` when none is measured. The sum is kept
@@ -113,12 +176,21 @@ class LoadTable {
   }
 
  private:
+  bool has_task_slot(const ActorLoad& a) const {
+    if (tasks_.max_tasks == 0 || a.tasks == 0) return true;
+    return a.tasks < tasks_.max_tasks &&
+           (tasks_.pipeline_s <= 0.0 || (a.measured && a.low_s < tasks_.pipeline_s));
+  }
+
   std::vector<ActorLoad> actors_;
+  std::vector<MethodLoad> methods_;
   uint32_t max_in_flight_;
+  TaskLimits tasks_;
   double alpha_;
   double prior_s_;  // the estimate a first sample moves from; 0: the mean of measured actors
   double ewma_sum_ = 0.0;
   uint32_t measured_ = 0;
+  uint64_t tasks_sent_ = 0;
 };
 
 }  // namespace actormesh

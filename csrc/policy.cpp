@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "policy_adaptive.hpp"
 #include "policy_external.hpp"
 #include "policy_least_loaded.hpp"
 #include "policy_pow2.hpp"
@@ -22,7 +23,7 @@ constexpr NamedPolicy kPolicies[] = {
     {"random", PolicyKind::random},   {"round_robin", PolicyKind::round_robin},
     {"pow2", PolicyKind::pow2},       {"least_loaded", PolicyKind::least_loaded},
     {"pull", PolicyKind::pull},       {"sed", PolicyKind::sed},
-    {"external", PolicyKind::external},
+    {"adaptive", PolicyKind::adaptive}, {"external", PolicyKind::external},
 };
 
 }  // namespace
@@ -33,7 +34,7 @@ PolicyKind parse_policy(const std::string& name) {
   }
   throw std::invalid_argument("policy '" + name +
                               "': expected one of random, round_robin, pow2, least_loaded, pull, "
-                              "sed, external");
+                              "sed, adaptive, external");
 }
 
 std::unique_ptr<Policy> make_policy(const PolicySettings& settings, uint32_t size) {
@@ -49,6 +50,8 @@ std::unique_ptr<Policy> make_policy(const PolicySettings& settings, uint32_t siz
       return std::make_unique<LeastLoadedPolicy>(size);
     case PolicyKind::sed:
       return std::make_unique<SedPolicy>(size, settings.prior_s);
+    case PolicyKind::adaptive:
+      return std::make_unique<AdaptivePolicy>(size);
     case PolicyKind::external:
       return std::make_unique<ExternalPolicy>(settings.picker);
   }

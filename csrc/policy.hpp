@@ -14,7 +14,7 @@
 
 namespace actormesh {
 
-enum class PolicyKind { random, round_robin, pow2, least_loaded, pull, sed, external };
+enum class PolicyKind { random, round_robin, pow2, least_loaded, pull, sed, adaptive, external };
 
 // What a policy may look at when it picks. Only called when at least one member is preferred
 // (eligible and not ejected), except for the external policy, which is also asked to pick among

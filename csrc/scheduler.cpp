@@ -38,6 +38,22 @@ SchedulerConfig validated(SchedulerConfig c) {
                                 ": must be >= 0 (0 = unbounded)");
   }
   if (kind == PolicyKind::pull && c.max_in_flight == 0) c.max_in_flight = 1;
+  if (c.max_tasks < 0 || c.max_tasks > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument("max_tasks " + std::to_string(c.max_tasks) +
+                                ": must be >= 0 (0 = unbounded)");
+  }
+  if (!(c.pipeline_s >= 0.0 && std::isfinite(c.pipeline_s))) {
+    throw std::invalid_argument("pipeline_s " + format_double(c.pipeline_s) +
+                                ": must be finite and >= 0");
+  }
+  if (c.coalesce < 1 || c.coalesce > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument("coalesce " + std::to_string(c.coalesce) +
+                                ": must be >= 1 (1 = every call alone)");
+  }
+  if (!(c.batch_budget_s > 0.0 && std::isfinite(c.batch_budget_s))) {
+    throw std::invalid_argument("batch_budget_s " + format_double(c.batch_budget_s) +
+                                ": must be finite and > 0");
+  }
   if (!(c.ewma_alpha > 0.0 && c.ewma_alpha <= 1.0)) {
     throw std::invalid_argument("ewma_alpha " + format_double(c.ewma_alpha) +
                                 ": must be in (0, 1]");
@@ -77,7 +93,9 @@ Scheduler::Scheduler(SchedulerConfig config)
     : config_(validated(std::move(config))),
       settings_{parse_policy(config_.policy), config_.prior_s, &config_.picker},
       loads_(static_cast<uint32_t>(config_.num_actors),
-             static_cast<uint32_t>(config_.max_in_flight), config_.ewma_alpha, config_.prior_s),
+             static_cast<uint32_t>(config_.max_in_flight),
+             TaskLimits{static_cast<uint32_t>(config_.max_tasks), config_.pipeline_s},
+             config_.ewma_alpha, config_.prior_s),
       rng_(config_.seed),
       affinity_(static_cast<uint64_t>(config_.affinity_capacity)),
       memberships_(loads_.size()) {
@@ -219,9 +237,9 @@ void Scheduler::changed(uint32_t actor, const Standing& before) {
   }
 }
 
-void Scheduler::dispatch(uint32_t actor) {
+void Scheduler::add_load(uint32_t actor, int32_t calls, int32_t tasks) {
   const Standing before = standing(actor);
-  loads_.increment(actor);
+  loads_.add(actor, calls, tasks);
   changed(actor, before);
 }
 
@@ -283,10 +301,38 @@ uint32_t Scheduler::choose(uint32_t group, std::optional<uint64_t> affinity, uin
   return actor;
 }
 
+uint32_t Scheduler::add_method(bool alone) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return loads_.add_method(alone);
+}
+
+uint32_t Scheduler::check_method(int64_t method) const {
+  if (method < 0 || method >= loads_.num_methods()) {
+    throw std::out_of_range("method " + std::to_string(method) + " unknown (" +
+                            std::to_string(loads_.num_methods()) + " methods registered)");
+  }
+  return static_cast<uint32_t>(method);
+}
+
+double Scheduler::method_latency_s(int64_t method) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const MethodLoad& m = loads_.method(check_method(method));
+  return m.measured ? m.ewma_s : std::numeric_limits<double>::quiet_NaN();
+}
+
+uint32_t Scheduler::batch_size(int64_t method) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const QueuedCall call{0, std::nullopt, 0, check_method(method), false};
+  if (config_.coalesce == 1 || !may_ride(call)) return 1;
+  const double fits = std::floor(config_.batch_budget_s / expected_s(call));
+  return static_cast<uint32_t>(std::clamp(fits, 1.0, static_cast<double>(config_.coalesce)));
+}
+
 Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload,
-                           double now_s) {
+                           double now_s, int64_t method, bool alone) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t id = check_group(group);
+  const uint32_t method_id = check_method(method);
   Group& g = groups_[id];
   if (g.live == 0) {
     throw NoLiveActors("no live actor among the " + std::to_string(g.members.size()) +
@@ -296,13 +342,60 @@ Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint
   // A call never overtakes the calls already waiting (their drain may be pending).
   if (g.eligible == 0 || !g.queue.empty()) {
     const uint64_t ticket = next_ticket_++;
-    g.queue.push_back({ticket, affinity, payload});
+    g.queue.push_back({ticket, affinity, payload, method_id, alone});
     queued_.emplace(ticket, QueuePlace{id, std::prev(g.queue.end())});
     return {ticket, -1, payload};
   }
   const uint32_t actor = choose(id, affinity, payload);
-  dispatch(actor);
+  add_load(actor, 1, 1);
   return {next_ticket_++, static_cast<int32_t>(actor), 0};
+}
+
+// A call's expected service time, for the batch budget: its method's estimate; unmeasured, a
+// share of the budget that keeps a new method's first batches small.
+double Scheduler::expected_s(const QueuedCall& call) const {
+  constexpr double kUnmeasuredBatch = 4.0;
+  const MethodLoad& m = loads_.method(call.method);
+  return m.measured ? m.ewma_s : config_.batch_budget_s / kUnmeasuredBatch;
+}
+
+// Whether a queued call may ride a batch that another call opened. A keyed call whose keys a
+// picker routes itself (no native stickiness) must reach the picker, so it goes alone too.
+bool Scheduler::may_ride(const QueuedCall& call) const {
+  return !call.alone && !loads_.method(call.method).alone &&
+         (config_.sticky || !call.affinity);
+}
+
+// Coalescing: after `first` was dispatched to `actor` (the last decision in `out`), the calls
+// that wait for `actor` (in any of its groups, oldest first) join its task while each may ride,
+// the task holds fewer than `coalesce` calls, the actor has a free call slot, and the expected
+// service times add up to the budget. They stop at the first call that may not ride, so every
+// queue still leaves in FIFO order. Ties between groups go to the oldest ticket, as in a drain.
+void Scheduler::add_mates(uint32_t actor, const QueuedCall& first, Drain& out) {
+  if (config_.coalesce == 1 || !may_ride(first)) return;
+  const size_t opened = out.dispatched.size() - 1;
+  double budget = config_.batch_budget_s - expected_s(first);
+  while (out.dispatched[opened].calls < config_.coalesce && loads_.has_call_slot(actor)) {
+    uint32_t from = 0;
+    const QueuedCall* oldest = nullptr;
+    for (const Membership& m : memberships_[actor]) {
+      const Group& g = groups_[m.group];
+      if (!g.queue.empty() && (oldest == nullptr || g.queue.front().ticket < oldest->ticket)) {
+        from = m.group;
+        oldest = &g.queue.front();
+      }
+    }
+    if (oldest == nullptr || !may_ride(*oldest) || expected_s(*oldest) > budget) return;
+    const QueuedCall mate = *oldest;
+    budget -= expected_s(mate);
+    groups_[from].queue.pop_front();
+    queued_.erase(mate.ticket);
+    free_if_unused(from);
+    add_load(actor, 1, 0);
+    if (mate.affinity && config_.sticky) affinity_.assign(*mate.affinity, actor);
+    out.dispatched.push_back({mate.ticket, static_cast<int32_t>(actor), mate.payload, 0});
+    ++out.dispatched[opened].calls;
+  }
 }
 
 // Hands queued calls to free slots until no group with a queue has an eligible member. Only the
@@ -336,8 +429,9 @@ Drain Scheduler::drain_locked(uint32_t actor) {
       free_if_unused(best);
       continue;
     }
-    dispatch(chosen);
+    add_load(chosen, 1, 1);
     out.dispatched.push_back({call.ticket, static_cast<int32_t>(chosen), call.payload});
+    add_mates(chosen, call, out);
     free_if_unused(best);
   }
   return out;
@@ -385,43 +479,48 @@ void Scheduler::end_ejections(double now_s) {
   ejected_ = std::move(still);
 }
 
-Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain) {
+// Checks that `calls` calls (and with `task`, their task) are in flight on `actor`.
+void Scheduler::check_held(uint32_t actor, int64_t calls, bool task, const char* what) const {
+  const ActorLoad& load = loads_[actor];
+  if (calls < 1 || calls > load.in_flight || (task && load.tasks == 0)) {
+    throw std::logic_error(std::string(what) + "(actor=" + std::to_string(actor) + ", calls=" +
+                           std::to_string(calls) + "): " + std::to_string(load.in_flight) +
+                           " calls in " + std::to_string(load.tasks) + " tasks in flight on actor " +
+                           std::to_string(actor));
+  }
+}
+
+Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain,
+                          int64_t calls, int64_t method, bool timed) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t a = check_actor(actor);
+  const uint32_t method_id = check_method(method);
   if (!std::isfinite(started_s) || !std::isfinite(ended_s)) {
     throw std::invalid_argument("complete(actor=" + std::to_string(a) + "): started_s " +
                                 format_double(started_s) + ", ended_s " + format_double(ended_s) +
                                 ": times must be finite");
   }
-  if (loads_[a].in_flight == 0) {
-    throw std::logic_error("complete(actor=" + std::to_string(a) +
-                           "): no call in flight on actor " + std::to_string(a));
-  }
+  check_held(a, calls, true, "complete");
   const Standing before = standing(a);
-  loads_.decrement(a);
-  loads_.record(a, started_s, ended_s, ok);
+  loads_.add(a, -static_cast<int32_t>(calls), -1);
+  loads_.record(a, started_s, ended_s, ok, static_cast<uint32_t>(calls), method_id, timed);
   changed(a, before);
   eject_if_due(a, ended_s);
   end_ejections(ended_s);
   return drain ? drain_locked(a) : Drain{};
 }
 
-Drain Scheduler::release(int64_t actor, bool drain) {
+Drain Scheduler::release(int64_t actor, bool drain, int64_t calls, bool task) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t a = check_actor(actor);
-  if (loads_[a].in_flight == 0) {
-    throw std::logic_error("release(actor=" + std::to_string(a) + "): no slot taken on actor " +
-                           std::to_string(a));
-  }
-  const Standing before = standing(a);
-  loads_.decrement(a);
-  changed(a, before);
+  check_held(a, calls, task, "release");
+  add_load(a, -static_cast<int32_t>(calls), task ? -1 : 0);
   return drain ? drain_locked(a) : Drain{};
 }
 
 void Scheduler::acquire(int64_t actor) {
   std::lock_guard<std::mutex> lock(mutex_);
-  dispatch(check_actor(actor));
+  add_load(check_actor(actor), 1, 1);
 }
 
 std::optional<uint64_t> Scheduler::cancel(uint64_t ticket) {
@@ -485,6 +584,25 @@ std::vector<Decision> Scheduler::take_queued() {
   queued_.clear();
   std::sort(out.begin(), out.end(),
             [](const Decision& x, const Decision& y) { return x.ticket < y.ticket; });
+  return out;
+}
+
+std::vector<Scheduler::ActorState> Scheduler::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<ActorState> out(loads_.size());
+  for (uint32_t a = 0; a < loads_.size(); ++a) {
+    const ActorLoad& load = loads_[a];
+    out[a] = {load.in_flight, load.tasks,
+              load.measured ? load.ewma_s : std::numeric_limits<double>::quiet_NaN(),
+              load.status, load.ejected};
+  }
+  return out;
+}
+
+std::vector<uint32_t> Scheduler::tasks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<uint32_t> out(loads_.size());
+  for (uint32_t a = 0; a < loads_.size(); ++a) out[a] = loads_[a].tasks;
   return out;
 }
 

@@ -25,6 +25,14 @@ struct SchedulerConfig {
   int64_t num_actors = 1;
   std::string policy = "pow2";
   int64_t max_in_flight = 0;  // per actor; 0 = unbounded (pull: 0 means 1)
+  // Ray tasks per actor; 0 = unbounded. A task beyond an actor's first only while its
+  // service-time EWMA is below pipeline_s (0: always).
+  int64_t max_tasks = 0;
+  double pipeline_s = 0.0;
+  // Coalescing: a freed slot takes up to `coalesce` queued calls as one task (1: never), as long
+  // as their expected service times add up to at most `batch_budget_s`.
+  int64_t coalesce = 1;
+  double batch_budget_s = 0.002;
   uint64_t seed = 0;
   double ewma_alpha = 0.2;
   double prior_s = 0.0;
@@ -46,6 +54,9 @@ struct Decision {
   uint64_t ticket;
   int32_t actor;     // -1: queued (from submit) or never to run (from mark_dead, take_queued)
   uint64_t payload;  // what the caller gave submit; 0 for a call dispatched at once
+  // In a drain: the calls of one Ray task are consecutive decisions; the first says how many
+  // (1: a lone call), the others say 0.
+  uint32_t calls = 1;
 };
 
 // What complete(), drain() and mark_alive() hand back.
@@ -75,15 +86,30 @@ class Scheduler {
   std::vector<uint32_t> group_members(int64_t group) const;
   uint32_t num_groups() const;
 
-  // Picks an actor for a call, or queues the call with its payload. `now_s` (the clock of
-  // complete's times; NaN: unknown) ends the ejections that are due.
+  // Registers a method whose calls are expected to take alike; `alone`: they never ride a batch.
+  uint32_t add_method(bool alone);
+  // A method's service time per call (moving average), NaN until measured.
+  double method_latency_s(int64_t method) const;
+  // How many calls of `method` a freed slot would take as one task now (1 when they never
+  // ride a batch): what fits the budget of expected service time, at most `coalesce`.
+  uint32_t batch_size(int64_t method) const;
+
+  // Picks an actor for a call of `method`, or queues the call with its payload (`alone`: it
+  // never rides a batch). `now_s` (the clock of complete's times; NaN: unknown) ends the
+  // ejections that are due.
   Decision submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload = 0,
-                  double now_s = std::numeric_limits<double>::quiet_NaN());
-  // Ends a call. With `drain` false the queued calls its slot could take are left for drain().
-  Drain complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain = true);
+                  double now_s = std::numeric_limits<double>::quiet_NaN(), int64_t method = 0,
+                  bool alone = false);
+  // Ends one Ray task of `calls` calls (of `method` for its service-time sample; none without
+  // `timed`, when the end time is not known). With `drain` false the queued calls its slots
+  // could take are left for drain().
+  Drain complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain = true,
+                 int64_t calls = 1, int64_t method = 0, bool timed = true);
   Drain drain(int64_t actor);
-  // Gives back a slot that no call used (a queued call given a slot after it was cancelled).
-  Drain release(int64_t actor, bool drain = true);
+  // Gives back `calls` call slots that no call used (queued calls given a slot after they were
+  // cancelled), and with `task` the task slot they were to share.
+  Drain release(int64_t actor, bool drain = true, int64_t calls = 1, bool task = true);
+  // Counts a call sent without asking (all, shard): a call and a task, whatever the limits.
   void acquire(int64_t actor);
   // Takes a queued call out of its queue: its payload, or nothing if it is not queued.
   std::optional<uint64_t> cancel(uint64_t ticket);
@@ -106,7 +132,18 @@ class Scheduler {
     return true;
   }
 
+  // Every actor's load at one instant (one lock).
+  struct ActorState {
+    uint32_t in_flight;
+    uint32_t tasks;
+    double mean_latency_s;  // NaN until measured
+    Status status;
+    bool ejected;
+  };
+  std::vector<ActorState> snapshot() const;
+
   std::vector<uint32_t> in_flight() const;
+  std::vector<uint32_t> tasks() const;
   std::vector<double> mean_latency_s() const;
   std::vector<bool> alive() const;
   std::vector<Status> status() const;
@@ -116,6 +153,8 @@ class Scheduler {
   uint32_t num_actors() const { return loads_.size(); }
   const std::string& policy() const { return config_.policy; }
   uint32_t max_in_flight() const { return loads_.max_in_flight(); }
+  uint32_t max_tasks() const { return loads_.max_tasks(); }
+  uint32_t coalesce() const { return static_cast<uint32_t>(config_.coalesce); }
   bool uses_picker() const { return settings_.kind == PolicyKind::external; }
 
  private:
@@ -139,8 +178,14 @@ class Scheduler {
   Standing standing(uint32_t actor) const;
   // Propagates a change of `actor`'s load, liveness or ejection to every group it belongs to.
   void changed(uint32_t actor, const Standing& before);
-  void dispatch(uint32_t actor);
+  // Counts `calls` more calls on `actor`, carried by `tasks` more tasks.
+  void add_load(uint32_t actor, int32_t calls, int32_t tasks);
   uint32_t choose(uint32_t group, std::optional<uint64_t> affinity, uint64_t payload);
+  uint32_t check_method(int64_t method) const;
+  void check_held(uint32_t actor, int64_t calls, bool task, const char* what) const;
+  double expected_s(const QueuedCall& call) const;
+  bool may_ride(const QueuedCall& call) const;
+  void add_mates(uint32_t actor, const QueuedCall& first, Drain& out);
   uint32_t least_loaded_eligible(const Group& group) const;
   bool sticks(uint32_t group, uint32_t actor) const;
   Drain drain_locked(uint32_t actor);

@@ -41,7 +41,8 @@ def main() -> None:
     while any(mesh.load().alive[r] for r in lost_ranks):
         time.sleep(0.01)
     unrouted_after_s = time.monotonic() - removed_at
-    picks = sorted({mesh.methods.rank.choose().get(timeout=60) for _ in range(40)})
+    # At once, so that every live actor is needed (one call at a time takes the warm actor).
+    picks = sorted(set(am.get([mesh.methods.rank.choose() for _ in range(40)], timeout=60)))
     print(json.dumps({
         "node_of_rank": node_of_rank,
         "lost_ranks": lost_ranks,

@@ -22,11 +22,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+import ray
 from ray.exceptions import ActorDiedError as RayActorDiedError
-from ray.exceptions import ActorUnavailableError, RayTaskError, TaskCancelledError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayTaskError, TaskCancelledError
 
 import actormesh as am
-from actormesh import _calls, _future, _loop, _native, _ray
+from actormesh import _batch, _bulk, _calls, _future, _loop, _native, _ray
 from actormesh._balancer import make_scheduler
 from actormesh._calls import Router
 from actormesh._method import CallOptions, MeshMethod, Target
@@ -45,6 +46,7 @@ class FakeRef:
         self.error: BaseException | None = None
         self.kind = _ray.OK
         self.cancelled = False  # `ray.cancel` was called on it
+        self.finished = threading.Event()  # its value (or error) exists
         handle.harness.on_sent(self)
 
     def _on_ready(self, callback: Callable[[BaseException | None], None]) -> None:
@@ -63,6 +65,7 @@ class FakeHandle:
         self.sent: list[FakeRef] = []
         # What Ray's handle says of an async actor (False: a synchronous one).
         self._ray_allow_out_of_order_execution = not in_order
+        self.unsendable = object()  # an argument its calls cannot send, as Ray cannot pickle one
 
     def __getattr__(self, method: str) -> Any:
         handle = self
@@ -70,6 +73,9 @@ class FakeHandle:
         class Remote:
             @staticmethod
             def remote(*args: Any, **kwargs: Any) -> FakeRef:
+                items = args[0] if method == _batch.BATCH else [(method, args, kwargs)]
+                if any(handle.unsendable in item_args for _, item_args, _ in items):
+                    raise TypeError(f"cannot pickle {handle.unsendable!r}")
                 ref = FakeRef(handle, method, args)
                 handle.sent.append(ref)
                 handle.harness.sent_from.append(threading.current_thread().name)
@@ -83,14 +89,15 @@ class Harness:
 
     def __init__(self, actors: int, *, balancer: Any = "least_loaded",
                  max_in_flight: int | None = None, restart_timeout_s: float = 60.0,
-                 in_order: bool = False) -> None:
+                 in_order: bool = False, coalesce: int = 1) -> None:
         self.sent_from: list[str] = []
         self.handles = [FakeHandle(a, self, in_order=in_order) for a in range(actors)]
         shape = Shape({"rank": actors})
-        scheduler = make_scheduler(actors, balancer, max_in_flight)
+        scheduler = make_scheduler(actors, balancer, max_in_flight, coalesce)
         self.router = Router(self.handles, [Point(r, shape) for r in range(actors)], scheduler,
                              defer_drain=isinstance(balancer, am.Balancer),
-                             restart_timeout_s=restart_timeout_s)
+                             restart_timeout_s=restart_timeout_s,
+                             send_batch=_batch.send_to_mesh_actor)
         self.target = Target(shape, tuple(range(actors)), self.router, "Fake", "Fake")
         self.ray_thread = _RayThread()
         # What a test does as a call is sent (`ref` made) and as its end is watched.
@@ -121,7 +128,8 @@ class Harness:
     def end(self, ref: FakeRef, value: Any = None, *, kind: int = _ray.OK,
             error: BaseException | None = None, lost: BaseException | None = None) -> None:
         """`finish` without waiting for the loop thread (a test may be holding it)."""
-        ref.value, ref.kind, ref.error = value, kind, error
+        ref.value, ref.kind, ref.error = value, kind, error if lost is None else lost
+        ref.finished.set()
         callback, ref.callback = ref.callback, None
         assert callback is not None, "a call ended twice"
         self.ray_thread.run(lambda: callback(lost))
@@ -172,7 +180,9 @@ def _fake_cancel(ref: FakeRef, **_: Any) -> None:
 
 def _fake_get(ref: Any, timeout: float | None = None) -> Any:
     if isinstance(ref, list):
-        return [_fake_get(r) for r in ref]
+        return [_fake_get(r, timeout) for r in ref]
+    if not ref.finished.wait(10 if timeout is None else timeout):
+        raise GetTimeoutError(f"{ref.method} not finished within {timeout} s")
     if ref.error is not None:
         raise ref.error
     return ref.value
@@ -182,8 +192,8 @@ def _fake_get(ref: Any, timeout: float | None = None) -> Any:
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Reads go to the fake refs; the outcome of a call is the one the test gave it."""
     fake = types.SimpleNamespace(get=_fake_get, cancel=_fake_cancel)
-    monkeypatch.setattr(_calls, "ray", fake)
-    monkeypatch.setattr(_future, "ray", fake)
+    for module in (_calls, _future, _batch, _bulk):
+        monkeypatch.setattr(module, "ray", fake)
     monkeypatch.setattr(_ray, "outcome", lambda ref: ref.kind)
     yield
 
@@ -1032,3 +1042,165 @@ def test_a_hook_that_overruns_its_limit_is_logged_and_its_actor_used_again(
         assert "did not return within on_restart_timeout_s=0.05" in caplog.text
     finally:
         release.set()
+
+
+# -- batches: calls that waited for one actor ride one Ray task --------------------------------
+# One task per actor, so that calls wait behind it; a budget of service time large enough that
+# how long the test takes to end a call never splits a batch.
+ONE_TASK = am.Policy("adaptive", max_tasks=1, batch_budget_s=60.0)
+
+def batch_result(*results: Any) -> RayTaskError:
+    """What a batch in which some call raised ends with (`_batch.BatchRaised`)."""
+    return RayTaskError("Fake._actormesh_batch", "Traceback: ...",
+                        _batch.BatchRaised(list(results)))
+
+
+def queue_behind_one(h: Harness, *args: Any, method: str = "f") -> list[am.MeshFuture[Any]]:
+    """Occupy actor 0's one task slot, then queue a call per argument behind it."""
+    h.method().choose("first")
+    return [h.method(method).choose(a) for a in args]
+
+
+def test_calls_that_waited_ride_one_task_sent_from_the_loop_thread() -> None:
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
+    futures = queue_behind_one(h, 1, 2, 3)
+    h.finish(h.pending(0)[0], "first")
+    [batch] = h.pending(0)
+    assert batch.method == _batch.BATCH
+    assert batch.args == ([("f", (1,), {}), ("f", (2,), {}), ("f", (3,), {})],)
+    assert h.sent_from == ["MainThread", "actormesh-loop"]
+    assert h.scheduler.in_flight() == [3] and h.scheduler.tasks() == [1]
+    h.finish(batch, [10, 20, 30])
+    assert [f.get(timeout=5) for f in futures] == [10, 20, 30]
+    assert_idle(h)
+
+
+def test_a_call_that_raised_in_a_batch_fails_alone() -> None:
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
+    futures = queue_behind_one(h, 1, 2, 3)
+    h.finish(h.pending(0)[0], "first")
+    failed = _batch.Failed(raised("only two"))
+    h.finish(h.pending(0)[0], kind=_ray.RAISED, error=batch_result(10, failed, 30))
+    assert futures[0].get(timeout=5) == 10 and futures[2].get(timeout=5) == 30
+    with pytest.raises(am.ActorError, match="rank 0 .* only two"):
+        futures[1].get(timeout=5)
+    assert_idle(h)
+
+
+def test_a_batch_is_read_once_whatever_the_number_of_its_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
+    futures = queue_behind_one(h, 1, 2, 3, 4)
+    h.finish(h.pending(0)[0], "first")
+    reads: list[Any] = []
+    monkeypatch.setattr(_batch, "ray", types.SimpleNamespace(
+        get=lambda ref, timeout=None: reads.append(ref) or _fake_get(ref)))
+    h.finish(h.pending(0)[0], [1, 2, 3, 4])
+    assert [f.get(timeout=5) for f in futures] == [1, 2, 3, 4]
+    assert len(reads) == 1
+
+
+def test_a_call_cancelled_after_its_batch_was_formed_gives_its_slot_back() -> None:
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
+    futures = queue_behind_one(h, 1, 2, 3)
+    held, release = threading.Event(), threading.Event()
+    _loop.post(lambda: (held.set(), release.wait(10)))  # the batch waits for the loop thread
+    assert held.wait(10)
+    first = h.pending(0)[0]
+    callback, first.callback = first.callback, None
+    assert callback is not None
+    first.finished.set()
+    h.ray_thread.run(lambda: callback(None))
+    futures[1].cancel()
+    release.set()
+    settle()
+    [batch] = h.pending(0)
+    assert batch.args == ([("f", (1,), {}), ("f", (3,), {})],)
+    assert h.scheduler.in_flight() == [2]
+    h.finish(batch, ["one", "three"])
+    assert (futures[0].get(timeout=5), futures[2].get(timeout=5)) == ("one", "three")
+    assert_idle(h)
+
+
+def test_a_batch_whose_actor_died_reroutes_the_calls_with_retries_and_fails_the_others() -> None:
+    h = Harness(2, balancer=ONE_TASK, coalesce=8)
+    view = h.view(0)
+    view.choose("first")
+    h.method().choose("other")
+    kept = h.method(retries=1).choose(1)
+    lost = h.method().choose(2)
+    h.finish(h.pending(0)[0], "first")  # actor 0 takes both queued calls as one batch
+    [batch] = h.pending(0)
+    h.finish(batch, kind=_ray.DIED, error=RayActorDiedError())
+    with pytest.raises(am.ActorDiedError, match="rank 0"):
+        lost.get(timeout=5)
+    h.finish_all(1, "other")
+    [resent] = h.pending(1)
+    assert resent.args == (1,)
+    h.finish(resent, "again")
+    assert kept.get(timeout=5) == "again"
+    assert_idle(h)
+
+
+def test_a_method_declared_alone_and_an_object_ref_argument_never_ride() -> None:
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
+    alone = MeshMethod(h.target, "solo", CallOptions(), alone=True)
+    h.method().choose("first")
+    alone.choose(1)
+    alone.choose(2)
+    h.method().choose(ray.ObjectRef.nil())  # Ray resolves it only for a call of its own
+    h.method().choose(3)
+    h.method().choose(4)
+    h.finish(h.pending(0)[0], "first")
+    sizes = []
+    while h.pending(0):
+        ref = h.pending(0)[0]
+        sizes.append(len(ref.args[0]) if ref.method == _batch.BATCH else 1)
+        h.finish(ref, [None] * sizes[-1] if ref.method == _batch.BATCH else None)
+    assert sizes == [1, 1, 1, 2]
+    assert_idle(h)
+
+
+def test_a_value_read_before_its_end_is_reported_ends_the_call_once_on_the_readers_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+    [ref] = h.pending(0)
+    ref.value = "early"
+    ref.finished.set()  # the value exists; Ray's callback has not run yet
+    assert future.get(timeout=5) == "early"
+    assert h.scheduler.in_flight() == [0] and future.done()
+    callback, ref.callback = ref.callback, None
+    assert callback is not None
+    with caplog.at_level(logging.ERROR, logger="actormesh"):
+        h.ray_thread.run(lambda: callback(None))  # the late report ends nothing twice
+    assert caplog.text == ""
+    assert_idle(h)
+
+
+def test_a_call_cancelled_while_its_value_is_read_raises_its_cancellation() -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+    future.cancel()
+    [ref] = h.pending(0)
+    ref.value = "late"
+    ref.finished.set()
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    h.finish(ref, "late")
+    assert_idle(h)
+
+
+def test_an_argument_that_cannot_be_sent_fails_its_call_only_even_in_a_batch() -> None:
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
+    h.handles[0].unsendable = bad = object()
+    futures = queue_behind_one(h, 1, bad, 3)
+    h.finish(h.pending(0)[0], "first")
+    with pytest.raises(TypeError, match="cannot pickle"):
+        futures[1].get(timeout=5)
+    assert sorted(r.args for r in h.pending(0)) == [(1,), (3,)]  # then each went alone
+    h.finish_all(0, "sent")
+    assert (futures[0].get(timeout=5), futures[2].get(timeout=5)) == ("sent", "sent")
+    assert_idle(h)

@@ -86,7 +86,52 @@ def test_bad_arguments_are_refused(mesh: am.ActorMesh[Worker]) -> None:
         mesh.methods.f.map([1], window=0)
     with pytest.raises(TypeError, match="ordered='yes'"):
         mesh.methods.f.map([1], ordered="yes")  # type: ignore[arg-type]
-    results = mesh.methods.f.map([1])
-    assert list(results) == [2]
-    with pytest.raises(RuntimeError, match="only once"):
-        list(results)
+
+
+def test_map_returns_an_iterator_that_next_reads_and_a_loop_finishes(
+    mesh: am.ActorMesh[Worker],
+) -> None:
+    results = mesh.methods.f.map(range(5))
+    assert iter(results) is results
+    assert next(results) == 0 and next(results) == 2
+    assert list(results) == [4, 6, 8]
+    assert list(results) == []  # used up, as Python's map
+    with pytest.raises(StopIteration):
+        next(results)
+
+
+def test_an_iterator_read_with_next_cannot_also_be_read_with_async_for(
+    mesh: am.ActorMesh[Worker],
+) -> None:
+    results = mesh.methods.f.map(range(3))
+    assert next(results) == 0
+    with pytest.raises(RuntimeError, match="being read already"):
+        results.__aiter__()
+    assert list(results) == [2, 4]
+
+
+def test_closing_a_map_cancels_the_calls_not_sent_yet() -> None:
+    with am.ActorMesh(Worker, shape=1, num_cpus=0.1, max_in_flight=1) as one:
+        results = one.methods.f.map(range(100), window=10)
+        assert next(results) == 0
+        results.close()
+        assert list(results) == []
+
+
+def test_the_default_window_keeps_every_slot_busy_in_constant_memory(
+    mesh: am.ActorMesh[Worker],
+) -> None:
+    pulled: list[int] = []
+
+    def items() -> Iterator[int]:
+        for i in itertools.count():
+            pulled.append(i)
+            yield i
+
+    results = mesh.methods.f.map(items())
+    assert next(results) == 0
+    window = len(pulled)
+    assert 3 * 2 <= window <= 3 * 2 * 2 * 64  # at least a call per slot, at most full batches
+    for _ in range(2000):
+        next(results)
+    assert len(pulled) <= 2001 + 3 * 2 * 2 * 64

@@ -1,8 +1,10 @@
 """The native scheduler against the plain-Python reference (benchmarks/reference.py).
 
-Both get the same seeded random sequence of events — submits to several groups with and without
-affinity, completions, acquires, cancels, deaths, restarts, new groups — and must return the same
-decisions, raise the same errors and report the same loads after every event.
+Both get the same seeded random sequence of events — submits of several methods (one of them
+never batched) to several groups with and without affinity, completions of lone calls and of
+batches, acquires, cancels, deaths, restarts, new groups — and must return the same decisions
+(batches included, call for call), raise the same errors and report the same loads after every
+event.
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("least_loaded", {"affinity_abs": 1, "affinity_rel": 2.0, "affinity_capacity": 0}),
     ("external", {"picker": spread_picker}),
     ("external", {"picker": flaky_picker}),
+    ("adaptive", {"max_tasks": 2}),
+    ("adaptive", {"max_tasks": 2, "coalesce": 8, "pipeline_s": 0.002}),
+    ("adaptive", {"coalesce": 64, "batch_budget_s": 0.01, "max_tasks": 3}),
+    ("pull", {"coalesce": 4}),
+    ("least_loaded", {"coalesce": 5, "max_tasks": 2, "pipeline_s": 0.004}),
+    ("pow2", {"coalesce": 3, "affinity_abs": 0, "affinity_rel": 1.0}),
+    ("sed", {"coalesce": 6, "max_tasks": 1}),
+    ("external", {"picker": flaky_picker, "coalesce": 4}),
 ]
 
 
@@ -64,10 +74,12 @@ def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
 
 
 def plain(value: Any) -> Any:
-    """Decisions as (ticket, actor), and a call that went to no actor as its bare ticket (the
-    reference hands calls that can never run back as tickets, the native core as decisions)."""
+    """Decisions as (tickets of the task, actor), and a call that went to no actor as its bare
+    ticket (the reference hands calls that can never run back as tickets, the native core as
+    decisions)."""
     if isinstance(value, (_native.Decision, reference.Decision)):
-        return value.ticket if value.actor < 0 else (value.ticket, value.actor)
+        tickets = tuple(value.tickets) or (value.ticket,)
+        return value.ticket if value.actor < 0 else (tickets, value.actor)
     if isinstance(value, list):
         return [plain(v) for v in value]
     return value
@@ -88,49 +100,70 @@ def run_both(
     groups = [0]
     clock = 0.0
     log: list[str] = []
+    running: list[tuple[int, int]] = []  # (actor, calls) of every task in flight
 
-    def same(method: str, *args: Any) -> Any:
-        """Calls `method` on both; they must return or raise alike."""
-        log.append(f"{method}{args}")
-        got = outcome(lambda: getattr(native, method)(*args))
-        want = outcome(lambda: getattr(ref, method)(*args))
+    def same(name: str, *args: Any, **kwargs: Any) -> Any:
+        """Calls `name` on both; they must return or raise alike."""
+        log.append(f"{name}{args}{kwargs or ''}")
+        got = outcome(lambda: getattr(native, name)(*args, **kwargs))
+        want = outcome(lambda: getattr(ref, name)(*args, **kwargs))
         assert got == want, "\n".join(log[-20:])
         return want
 
+    def started(result: tuple[Any, ...]) -> None:
+        """Tracks the tasks a returned list of decisions started."""
+        if result[0] == "returned" and isinstance(result[1], list):
+            running.extend((actor, len(tickets)) for tickets, actor in result[1])
+        elif result[0] == "PickerError":
+            running.extend((actor, len(tickets)) for tickets, actor in result[2])
+
+    methods = [0, same("add_method", False)[1], same("add_method", True)[1]]
     for _ in range(steps):
         roll = rng.random()
-        loads = ref.in_flight()
         if not any(ref.alive()):
             roll = 0.95  # bring an actor back
-        if roll < 0.40 or not any(loads):
+        if roll < 0.40 or not running:
             key = None if rng.random() < 0.4 else rng.choice([0, 1, 2, 3, 4, 5, -7, 2**64 - 3])
-            same("submit", rng.choice(groups), key)
+            result = same("submit", rng.choice(groups), key, method=rng.choice(methods),
+                          alone=rng.random() < 0.05)
+            if result[0] == "returned" and isinstance(result[1], tuple):
+                running.append((result[1][1], 1))
         elif roll < 0.78:
-            busy = [a for a in range(num_actors) if loads[a] > 0]
-            # Mostly a call that is running; sometimes any actor, to check extra completes.
-            actor = rng.choice(busy) if busy and rng.random() < 0.98 else rng.randrange(num_actors)
             clock += rng.expovariate(1000.0)
-            started = clock - rng.choice([0.0, rng.expovariate(300.0)])
-            same("complete", actor, started, clock, rng.random() < 0.9)
+            begun = clock - rng.choice([0.0, rng.expovariate(300.0)])
+            ok = rng.random() < 0.9
+            method = rng.choice(methods)
+            if rng.random() < 0.98:  # a task that is running
+                actor, calls = running.pop(rng.randrange(len(running)))
+                started(same("complete", actor, begun, clock, ok, calls=calls, method=method,
+                             timed=rng.random() < 0.9))
+            else:  # any actor and count, to check extra completes
+                started(same("complete", rng.randrange(num_actors), begun, clock, ok,
+                             calls=rng.randint(1, 3), method=method))
         elif roll < 0.82:
-            same("acquire", rng.randrange(num_actors))
+            actor = rng.randrange(num_actors)
+            same("acquire", actor)
+            running.append((actor, 1))
         elif roll < 0.87:
             same("cancel", rng.randint(1, ref._next_ticket))
         elif roll < 0.90:
             same("mark_dead", rng.randrange(num_actors))
         elif roll < 0.97:
-            same("mark_alive", rng.randrange(num_actors))
+            started(same("mark_alive", rng.randrange(num_actors)))
         else:
             members = rng.sample(range(num_actors), rng.randint(1, num_actors))
             result = same("add_group", members)
             if result[1] not in groups:
                 groups.append(result[1])
         assert native.in_flight() == ref.in_flight(), "\n".join(log[-20:])
+        assert native.tasks() == ref.tasks()
         assert native.alive() == ref.alive()
         assert native.queued() == ref.queued()
         assert same_floats(native.mean_latency_s(), ref.mean_latency_s())
     for group in groups:
         assert native.group_members(group) == ref.group_members(group)
+    assert same_floats([native.method_latency_s(m) for m in methods],
+                       [ref.method_latency_s(m) for m in methods])
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -144,7 +177,7 @@ def test_native_and_reference_make_the_same_decisions(
     run_both(policy, settings, max_in_flight, seed, steps=400)
 
 
-@pytest.mark.parametrize("policy", ["random", "pow2", "least_loaded", "sed"])
+@pytest.mark.parametrize("policy", ["random", "pow2", "least_loaded", "sed", "adaptive"])
 def test_native_and_reference_agree_on_a_large_mesh(policy: str) -> None:
     """Past the sizes where heaps and Fenwick trees are shallow."""
     native = _native.Scheduler(300, policy, max_in_flight=2, seed=99)

@@ -7,6 +7,7 @@ import math
 import threading
 import weakref
 from collections import deque
+from typing import Any
 
 import pytest
 
@@ -60,6 +61,11 @@ def test_unknown_policy_is_a_value_error_naming_it() -> None:
         ({"num_actors": 2, "ewma_alpha": 0.0}, "ewma_alpha 0"),
         ({"num_actors": 2, "prior_s": -1.0}, "prior_s -1"),
         ({"num_actors": 2, "affinity_capacity": -1}, "affinity_capacity -1"),
+        ({"num_actors": 2, "max_tasks": -1}, "max_tasks -1"),
+        ({"num_actors": 2, "pipeline_s": -0.5}, "pipeline_s -0.5"),
+        ({"num_actors": 2, "coalesce": 0}, "coalesce 0"),
+        ({"num_actors": 2, "batch_budget_s": 0.0}, "batch_budget_s 0"),
+        ({"num_actors": 2, "batch_budget_s": math.inf}, "batch_budget_s inf"),
     ],
 )
 def test_bad_settings_are_value_errors_naming_the_value(kwargs: dict, named: str) -> None:
@@ -127,7 +133,7 @@ def test_complete_ends_one_call() -> None:
 
 def test_an_extra_complete_raises_and_counts_stay_at_zero() -> None:
     s = Scheduler(2)
-    with pytest.raises(RuntimeError, match="no call in flight on actor 1"):
+    with pytest.raises(RuntimeError, match="0 calls in 0 tasks in flight on actor 1"):
         s.complete(1, 0.0, 1.0, True)
     assert s.in_flight() == [0, 0]
 
@@ -923,7 +929,7 @@ def test_release_gives_back_a_slot_without_a_sample_or_a_failure() -> None:
     assert [d.payload for d in s.release(0)] == [waiting]
     assert s.mean_latency_s()[0] != s.mean_latency_s()[0]  # NaN: never measured
     assert s.ejected() == [False]
-    with pytest.raises(RuntimeError, match="no slot taken"):
+    with pytest.raises(RuntimeError, match="release.*0 calls in 0 tasks in flight"):
         s.release(0)
         s.release(0)
 
@@ -1014,3 +1020,216 @@ def test_without_stickiness_keys_only_reach_the_picker() -> None:
     s = Scheduler(2, picker=picker, sticky=False)
     assert [dispatch(s, affinity=9) for _ in range(4)] == [0, 1, 0, 1]
     assert keys == [9, 9, 9, 9]
+
+
+# Ray tasks per actor: the pipeline depth
+
+
+def busy_with_queue(queued: int, **settings: Any) -> Scheduler:
+    """One `adaptive` actor with one task slot, busy, and `queued` calls waiting for it."""
+    s = Scheduler(1, "adaptive", max_tasks=1, **settings)
+    dispatch(s)
+    for _ in range(queued):
+        s.submit(0)
+    return s
+
+
+
+def test_adaptive_holds_one_task_per_actor_until_its_calls_are_measured_short() -> None:
+    s = Scheduler(2, "adaptive", max_tasks=2, pipeline_s=0.002)
+    assert [dispatch(s), dispatch(s)] == [0, 1]
+    assert s.submit(0).actor == -1  # unmeasured: no second task behind a running one
+    [drained] = s.complete(0, 0.0, 0.0005, True)  # short: a second task may wait behind one
+    assert drained.actor == 0
+    assert dispatch(s) == 0 and s.tasks() == [2, 1]
+    assert s.submit(0).actor == -1  # two tasks: full
+
+
+def test_adaptive_keeps_an_actor_measured_slow_to_one_task() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=2, pipeline_s=0.002)
+    dispatch(s)
+    s.complete(0, 0.0, 0.02, True)
+    dispatch(s)
+    assert s.submit(0).actor == -1
+    assert s.tasks() == [1]
+
+
+def test_adaptive_picks_the_least_loaded_then_the_actor_most_recently_used() -> None:
+    s = Scheduler(3, "adaptive", max_tasks=4)
+    for actor in (1, 0, 2):
+        s.acquire(actor)
+        s.complete(actor, 0.0, 0.001, True)
+    assert dispatch(s) == 2  # all idle: the one used last
+    assert dispatch(s) == 0  # 2 is busy: the one used before it
+    s.complete(0, 0.0, 0.001, True)
+    assert dispatch(s) == 0  # idle again, and the most recent
+    s.acquire(1)
+    assert dispatch(s) == 1  # every actor has a call: 1 was used last
+    assert s.in_flight() == [1, 2, 1]
+
+
+def test_a_batch_is_one_task_carrying_several_calls_in_flight() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8)
+    dispatch(s)
+    waiting = [Payload(str(i)) for i in range(3)]
+    tickets = [s.submit(0, payload=p).ticket for p in waiting]
+    [batch] = s.complete(0, 0.0, 1e-4, True)
+    assert (batch.actor, batch.tickets, batch.payloads) == (0, tickets, waiting)
+    assert (batch.ticket, batch.payload) == (tickets[0], waiting[0])
+    assert (s.in_flight(), s.tasks()) == ([3], [1])
+    assert s.complete(0, 0.0, 3e-4, True, calls=3) == []
+    assert (s.in_flight(), s.tasks()) == ([0], [0])
+
+
+def test_a_batch_is_bounded_by_coalesce() -> None:
+    s = busy_with_queue(10, coalesce=4)
+    [batch] = s.complete(0, 0.0, 1e-5, True)
+    assert len(batch.tickets) == 4
+
+
+def test_a_batch_is_bounded_by_the_budget_of_expected_service_time() -> None:
+    s = busy_with_queue(10, coalesce=64, batch_budget_s=0.002)
+    [batch] = s.complete(0, 0.0, 0.0005, True)  # 0.5 ms a call: 4 fit in 2 ms
+    assert len(batch.tickets) == 4
+
+
+def test_calls_slower_than_the_budget_go_alone() -> None:
+    s = busy_with_queue(3, coalesce=64, batch_budget_s=0.002)
+    assert [len(d.tickets) for d in s.complete(0, 0.0, 0.02, True)] == [1]
+
+
+def test_an_unmeasured_method_starts_with_small_batches() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=64)
+    slow = s.add_method()
+    dispatch(s)
+    for _ in range(10):
+        s.submit(0, method=slow)
+    # The completion measured method 0, not `slow`: its calls are expected to take budget / 4.
+    [batch] = s.complete(0, 0.0, 1e-5, True)
+    assert len(batch.tickets) == 4
+    assert math.isnan(s.method_latency_s(slow))
+    s.complete(0, 1.0, 1.004, True, calls=4, method=slow)
+    assert s.method_latency_s(slow) == pytest.approx(0.001)
+
+
+def test_a_batch_is_bounded_by_the_actors_free_call_slots() -> None:
+    s = Scheduler(1, "pull", max_in_flight=4, coalesce=8)
+    dispatch(s)
+    s.mark_dead(0, restarting=True)
+    for _ in range(6):
+        s.submit(0)
+    [batch] = s.mark_alive(0)  # three free slots
+    assert len(batch.tickets) == 3 and s.in_flight() == [4]
+
+
+def test_pull_with_one_slot_never_batches() -> None:
+    s = Scheduler(1, "pull", coalesce=64)
+    dispatch(s)
+    for _ in range(5):
+        s.submit(0)
+    for _ in range(5):
+        [drained] = s.complete(0, 0.0, 1e-5, True)
+        assert len(drained.tickets) == 1
+
+
+def test_calls_of_a_method_declared_alone_never_ride_a_batch() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8)
+    alone = s.add_method(alone=True)
+    dispatch(s)
+    for _ in range(3):
+        s.submit(0, method=alone)
+    assert [len(d.tickets) for d in s.complete(0, 0.0, 1e-5, True)] == [1]
+
+
+def test_a_call_that_may_not_ride_ends_the_batch_before_it_and_keeps_its_place() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8)
+    dispatch(s)
+    first, second = s.submit(0).ticket, s.submit(0).ticket
+    lone = s.submit(0, alone=True).ticket
+    last = s.submit(0).ticket
+    [batch] = s.complete(0, 0.0, 1e-5, True)
+    assert batch.tickets == [first, second]
+    [alone] = s.complete(0, 0.0, 1e-5, True, calls=2)
+    assert alone.tickets == [lone]
+    [rest] = s.complete(0, 0.0, 1e-5, True)
+    assert rest.tickets == [last]
+
+
+def test_a_lone_call_under_light_load_is_its_own_task() -> None:
+    s = Scheduler(2, "adaptive", coalesce=64)
+    d = s.submit(0)
+    assert d.actor >= 0 and d.tickets == [d.ticket] and s.tasks()[d.actor] == 1
+
+
+def test_a_batch_takes_the_calls_waiting_in_every_group_of_its_actor_oldest_first() -> None:
+    s = Scheduler(2, "adaptive", max_tasks=1, coalesce=8)
+    only_zero = s.add_group([0])
+    dispatch(s)
+    dispatch(s)
+    order = [s.submit(g).ticket for g in (only_zero, 0, only_zero, 0)]
+    [batch] = s.complete(0, 0.0, 1e-5, True)
+    assert batch.tickets == order
+
+
+def test_a_batch_carries_keyed_calls_only_where_keys_stick_natively() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8)
+    dispatch(s)
+    s.submit(0, affinity=5)
+    s.submit(0, affinity=6)
+    assert [len(d.tickets) for d in s.complete(0, 0.0, 1e-5, True)] == [2]
+    by_key = Scheduler(1, picker=first_picker, sticky=False, coalesce=8, max_in_flight=1)
+    dispatch(by_key)
+    by_key.submit(0, affinity=5)
+    by_key.submit(0, affinity=6)
+    assert [len(d.tickets) for d in by_key.complete(0, 0.0, 1e-5, True)] == [1]
+
+
+def test_completing_a_batch_samples_each_call_and_counts_one_failure_for_ejection() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8, ewma_alpha=0.5, eject_after=2)
+    for _ in range(5):
+        s.submit(0)
+    s.complete(0, 0.0, 0.0001, True)  # the first call alone: 0.1 ms
+    s.complete(0, 1.0, 1.0004, True, calls=4)  # 4 calls in 0.4 ms: 0.1 ms each
+    assert s.mean_latency_s()[0] == pytest.approx(0.0001)
+    s.acquire(0)
+    s.complete(0, 2.0, 2.1, False)
+    assert s.ejected() == [False]  # one failed task is one failure in a row, whatever its size
+
+
+def test_a_task_of_more_calls_than_in_flight_cannot_complete() -> None:
+    s = Scheduler(1)
+    dispatch(s)
+    with pytest.raises(RuntimeError, match="calls=2.*1 calls in 1 tasks"):
+        s.complete(0, 0.0, 1.0, True, calls=2)
+    assert (s.in_flight(), s.tasks()) == ([1], [1])
+
+
+def test_release_gives_back_the_calls_of_a_batch_not_sent_and_its_task() -> None:
+    s = busy_with_queue(3, coalesce=8)
+    s.complete(0, 0.0, 1e-5, True)
+    assert (s.in_flight(), s.tasks()) == ([3], [1])
+    s.release(0, calls=1, task=False)  # one call of the batch was cancelled before the send
+    assert (s.in_flight(), s.tasks()) == ([2], [1])
+    s.release(0, calls=2)
+    assert (s.in_flight(), s.tasks()) == ([0], [0])
+
+
+def test_an_unknown_method_is_an_index_error() -> None:
+    s = Scheduler(1)
+    with pytest.raises(IndexError, match="method 3 unknown"):
+        s.submit(0, method=3)
+    with pytest.raises(IndexError, match="method -1 unknown"):
+        s.method_latency_s(-1)
+
+
+def test_snapshot_gives_every_actors_load_at_once() -> None:
+    s = Scheduler(2, "adaptive", eject_after=1)
+    s.acquire(0)
+    s.complete(0, 0.0, 0.25, False)
+    s.acquire(1)
+    s.complete(1, 0.0, 0.5, True)
+    s.acquire(1)
+    s.mark_dead(0, restarting=True)
+    [zero, one] = s.snapshot()
+    assert zero[:2] == (0, 0) and math.isnan(zero[2]) and zero[3:] == ("restarting", True)
+    assert one == (1, 1, 0.5, "alive", False)

@@ -45,6 +45,10 @@ class Worker:
         _ = assert_type(coroutine, Coroutine[Any, Any, str])
         return await coroutine
 
+    @am.method(coalesce=False)
+    def own_task(self, x: int) -> int:
+        return x
+
     def plain(self) -> None: ...
 
 
@@ -80,6 +84,27 @@ assert_type(mesh.methods.f.map([1, 2, 3]), am.MeshMap[int])
 assert_type(mesh.methods.g.map(iter(range(5)), ordered=False, window=4), am.MeshMap[str])
 for mapped in mesh.methods.f.map(range(10)):
     assert_type(mapped, int)
+mapping = mesh.methods.f.map(range(10))
+assert_type(next(mapping), int)
+assert_type(iter(mapping), am.MeshMap[int])
+mapping.close()
+assert_type(mesh.methods.own_task.choose(1), am.MeshFuture[int])
+
+# Many futures at once: am.get keeps the result type, am.wait splits the futures.
+assert_type(am.get([mesh.methods.f.choose(1), mesh.methods.f.choose(2)]), list[int])
+assert_type(am.get(mesh.methods.g.choose(1), timeout=1.0), str)
+assert_type(am.get([mesh.methods.f.all(1)]), list[am.ValueMesh[int]])
+done, pending = am.wait([mesh.methods.f.choose(1)], num_returns=1, timeout=0.5)
+assert_type(done, list[am.MeshFuture[int]])
+assert_type(pending, list[am.MeshFuture[int]])
+mixed = am.get([mesh.methods.f.choose(1), mesh.methods.g.choose(1)])
+assert_type(mixed, list[Any])
+
+# Coalescing is a mesh setting, and the default policy is a name like the others.
+assert_type(am.ActorMesh(Worker, shape=2, args=(1,), coalesce=16), am.ActorMesh[Worker])
+assert_type(am.ActorMesh.from_actors(mesh.actors, coalesce=1), am.ActorMesh[Any])
+am.ActorMesh(Worker, shape=2, args=(1,), balancer="adaptive")
+am.ActorMesh(Worker, shape=2, args=(1,), balancer=am.Policy("adaptive", max_tasks=4))
 
 # run_in_actors types the actor instance and the function's result.
 assert_type(mesh.run_in_actors(lambda worker: worker.scale), am.MeshFuture[am.ValueMesh[int]])
@@ -115,6 +140,11 @@ words: list[str] = ["x"]
 mesh.methods.f.map(words)  # type: ignore[arg-type]
 mesh.methods.process.map([[1]])  # type: ignore[misc, arg-type]
 mesh.methods.f.map([1], window="all")  # type: ignore[arg-type]
+am.get(mesh.methods.f.choose(1).get())  # type: ignore[call-overload]
+am.wait(mesh.methods.f.choose(1))  # type: ignore[arg-type]
+am.get([1, 2])  # type: ignore[arg-type]
+am.ActorMesh(Worker, shape=2, args=(1,), coalesce="many")  # type: ignore[arg-type]
+am.method(coalesce=1)  # type: ignore[call-overload]
 
 # A ValueMesh selects like the mesh.
 grid_values = mesh.methods.f.all(1).get()
