@@ -2,9 +2,11 @@
 
 Within a repeat every contender plays the same plan (the same send times and service times,
 `Scenario.plan`), in an order shuffled per repeat (`turns.order`); before its turn the actors
-work off whatever the last contender left (`cluster.barrier`). After the repeats, every ratio
-of the scenario gets its paired bootstrap interval, and the default against its twin is the A/A
-control (`benchmarks.harness.section`).
+work off whatever the last contender left (`cluster.barrier`). The contenders the headline
+needs (the default, its twin and the baselines) play every repeat; the library's other
+policies every `Config.others_every`-th, in turns, which buys the headline its repeats. After
+the repeats, every ratio gets its interval over the repeats both sides played, and the default
+against its twin is the A/A control (`benchmarks.harness.section`).
 """
 
 from __future__ import annotations
@@ -34,17 +36,24 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
     repeats = scenario.repeats or cfg.repeats
     slowdowns = scenario.slowdowns(cfg.actors)
     contenders = fleet.contenders
+    others = [c for c in contenders if c.family == "actormesh" and c.name != fleet.default]
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
-    samples: dict[str, list[stats.RunSample]] = {c.name: [] for c in contenders}
+    samples: dict[str, list[stats.RunSample | None]] = {c.name: [] for c in contenders}
     timed = scenario.kind in ("open", "fault")
     warmup = cfg.warmup_s if timed else -1.0
-    drain = cfg.drain_s if timed else cfg.batch_drain_s
+    drain = {"open": cfg.drain_s, "fault": cfg.fault_drain_s}.get(scenario.kind,
+                                                                   cfg.batch_drain_s)
     if scenario.slow_rank >= 0:
         fleet.set_slowdowns(slowdowns)
     try:
         for r in range(repeats):
             planned, durations = scenario.plan(cfg, r, fleet.overhead_s)
-            for contender in turns.order(contenders, r, scenario.name):
+            resting = {c.name for i, c in enumerate(others)
+                       if (r + i) % cfg.others_every} if repeats >= 2 * cfg.others_every else set()
+            for name in resting:
+                samples[name].append(None)
+            playing = [c for c in contenders if c.name not in resting]
+            for contender in turns.order(playing, r, scenario.name):
                 progress(f"{scenario.name} · repeat {r + 1}/{repeats} · {contender.name}")
                 barrier(contender)
                 events = []

@@ -74,8 +74,8 @@ def build(*, name: str, title: str, kind: str, description: str, entrants: Seque
         seed=seed(name))
     contenders = []
     for e in present:
-        lat = np.concatenate([s.latencies_ms for s in samples[e.name]]) if samples[e.name] \
-            else np.empty(0)
+        played = [s.latencies_ms for s in samples[e.name] if s is not None]
+        lat = np.concatenate(played) if played else np.empty(0)
         lat = lat[~np.isnan(lat)]
         contenders.append({"name": e.name, "label": e.label, "family": e.family,
                            "display": e.display, "summary": metrics.summarise(runs[e.name]),
@@ -85,7 +85,7 @@ def build(*, name: str, title: str, kind: str, description: str, entrants: Seque
         "title": title,
         "kind": kind,
         "description": description,
-        "repeats": min((len(s) for s in samples.values()), default=0),
+        "repeats": max((len(s) for s in samples.values()), default=0),
         "params": dict(params or {}),
         "contenders": contenders,
         "metrics": list(judged_on),

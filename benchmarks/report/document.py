@@ -98,7 +98,7 @@ def table_rows(scenario: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]
 
 # -- what a scenario says -------------------------------------------------------------------------
 def pooled(scenario: Mapping[str, Any], name: str | None, metric: str) -> str:
-    """A contender's value of `metric` pooled over repeats, as text."""
+    """A contender's value of `metric` (median of repeats, or a fraction pooled over them)."""
     e = comparison(scenario, metric).get("estimates", {}).get(name) if name else None
     if not e:
         return "–"
@@ -122,7 +122,7 @@ def paragraph(scenario: Mapping[str, Any]) -> str:
         strongest, best = comp.get("strongest"), comp.get("best")
         control = stats.control_of(comp)
         part = [f"**{words[0].upper() + words[1:]}**"
-                + (" (pooled over repeats)" if stats.METRICS[metric].kind != "scalar"
+                + (" (pooled over repeats)" if stats.METRICS[metric].kind == "fraction"
                    else " (median of repeats)") + ":"]
         if strongest:
             part.append(f"strongest baseline {names[strongest]} "
@@ -218,11 +218,12 @@ def report_md(results: Mapping[str, Any]) -> str:
         "",
         "Every figure below was measured in this run, baselines included. Latency is from just "
         "before the call is sent to its result reaching the driver (completion callback). "
-        "Table cells are medians over repeats (ranges where shown); ratios pool the repeats and "
-        "carry a 95% paired bootstrap interval (`benchmarks/report/stats.py`). A `≥` marks a "
-        "lower bound: some calls had no result by the drain deadline and count at it. Calls "
-        "sent in the warm-up are not measured. *slow*: calls slower than 10× the mean service "
-        "time.",
+        "Table cells are medians over repeats (ranges where shown). A ratio of latencies or "
+        "scalars is the trimmed mean of the per-repeat ratios, a ratio of fractions pools the "
+        "repeats; each carries a 95% paired bootstrap interval (`benchmarks/report/stats.py`). "
+        "A `≥` marks a lower bound: some calls had no result by the drain deadline and count "
+        "at it. Calls sent in the warm-up are not measured. *slow*: calls slower than 10× the "
+        "mean service time.",
         "",
     ]
     cal = results.get("calibration")
@@ -245,8 +246,11 @@ def report_md(results: Mapping[str, Any]) -> str:
         header, rows = table_rows(s)
         lines += ["", f"## {s['title']} (`{s['name']}`)", "",
                   f"{s['description']}; {s['repeats']} repeats, contenders taking turns.", "",
-                  "Contenders: " + "; ".join(f"**{display(c)}**: {c['label']}"
-                                             for c in s["contenders"]) + ".", "",
+                  "Contenders: " + "; ".join(
+                      f"**{display(c)}**: {c['label']}" + (
+                          f" ({len(c['runs'])} of the repeats)"
+                          if len(c["runs"]) < s["repeats"] else "")
+                      for c in s["contenders"]) + ".", "",
                   markdown_table(header, rows), "", paragraph(s)]
         plot = results.get("plots", {}).get(s["name"])
         if plot:
@@ -349,11 +353,14 @@ NOTES = """
 - Open-loop arrivals: calls are sent at planned times whatever happened to earlier calls. The
   driver's own send lag is reported; if it fell behind, latencies would be understated, never
   inflated.
-- Intervals: 1,000 paired bootstrap resamples; each draws the repeats with replacement and, for
-  percentiles and fractions, the calls within each drawn repeat by their place in the plan, the
-  same draws for every contender (within a repeat they all played the same plan). Fractions
-  carry +½ / +1 so that a contender with none of the counted calls still gets a finite,
-  conservative ratio.
+- Ratios are paired by repeat (within a repeat every contender played the same plan). A
+  latency percentile or a scalar is taken per repeat; the ratio is the 20%-trimmed mean of the
+  per-repeat log ratios (a repeat the machine stalled in moves one of them, which the trimming
+  drops), with 1,000 bootstrap resamples of the repeats. A fraction is pooled over the repeats
+  both sides played; its resamples draw the same repeats for both and redraw the calls within
+  them jointly. Fractions carry +½ / +1 so that a contender with none of the counted calls
+  still gets a finite, conservative ratio. The library's policies other than the default play
+  every other repeat in `--quick` (ratios use the repeats both sides played).
 - The A/A control is the default run twice: the mesh that made the actors and a second mesh
   with the default policy over the same actors. actormesh `random` against `random.choice` is
   reported apart, as the library's overhead.

@@ -255,8 +255,10 @@ def other_rows(results: Mapping[str, Any]) -> list[list[str]]:
 EXPLAIN = (
     "Ratios are how many times better the first contender is (> 1: better; baseline ÷ "
     "contender for latency, makespan, lost or slow calls and CPU, contender ÷ baseline for "
-    "throughput), with a 95% paired bootstrap interval over repeats (contenders take turns "
-    "within each repeat and play the same plan; repeats and calls resampled alike for all). "
+    "throughput). Contenders take turns within each repeat and play the same plan, so ratios "
+    "are paired by repeat: for latency and scalars, the trimmed mean of the per-repeat ratios; "
+    "for fractions of calls, pooled over the repeats; each with a 95% bootstrap interval over "
+    "repeats. Values are medians of repeats (fractions: pooled). "
     "The A/A control is the default run twice, on two meshes over the same actors: its "
     "interval, widened to include 1, is the noise floor. A ratio reads *better* or *worse* when "
     "its interval leaves out 1 and its value lies outside that floor, else *no difference "

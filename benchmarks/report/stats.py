@@ -1,12 +1,21 @@
-"""How sure a ratio is: paired bootstrap intervals over repeats, and the A/A control's noise floor.
+"""How sure a ratio is: paired intervals over repeats, and the A/A control's noise floor.
 
 Every ratio the harness reports is "how many times better the contender is than the baseline"
 (baseline ÷ contender for a metric where lower is better, contender ÷ baseline otherwise), so
-> 1 always favours the contender. Its interval is a paired bootstrap: within a repeat every
-contender played the same plan (the same calls, sent at the same offsets, with the same service
-times), so each resample draws the repeats with replacement, the same repeats for every
-contender, and, for a percentile or a fraction, the same calls (by their place in the plan)
-within each drawn repeat.
+> 1 always favours the contender. Within a repeat every contender played the same plan (the
+same calls, sent at the same offsets, with the same service times), so ratios are paired by
+repeat:
+
+- a latency percentile or a scalar (a makespan, a rate) is taken per repeat, and the ratio is
+  the 20%-trimmed mean of the per-repeat log ratios, with a 95% bootstrap interval over
+  repeats. A repeat the machine stalled in (a shared two-core machine does) moves one
+  per-repeat ratio, which the trimming drops, instead of the tail of every pooled call;
+- a fraction of calls (slow, lost) is pooled over the repeats both played, with a paired
+  bootstrap that draws the same repeats, and the same calls by their place in the plan, for
+  both, since a repeat holds too few such calls for a ratio of its own.
+
+A contender that plays only some repeats (see `benchmarks.harness.runner`) is compared on the
+repeats it shares with the other.
 
 The A/A control of a scenario is the SAME contender run twice (the default on a second mesh over
 the same actors), taking its turn with the others: whatever separates the two is noise. Its
@@ -60,7 +69,7 @@ METRICS = {m.key: m for m in (
 
 @dataclasses.dataclass
 class RunSample:
-    """What the bootstrap needs from one run of one contender, call by call in plan order.
+    """What the statistics need from one run of one contender, call by call in plan order.
 
     `latencies_ms` has one entry per measured call (NaN: the call failed, so it has no latency);
     `censored` marks calls with no result by the deadline, counted at it (lower bounds).
@@ -77,15 +86,30 @@ class RunSample:
         """A run measured by scalar metrics only (a makespan, a rate)."""
         return cls(np.empty(0), np.empty(0, dtype=bool), {}, dict(values))
 
+    def statistic(self, metric: Metric) -> tuple[float, bool]:
+        """This run's value of a percentile or scalar metric, and whether it is a lower bound
+        (a percentile reaching past the slowest call that finished)."""
+        if metric.kind == "scalar":
+            return self.values.get(metric.key, math.nan), False
+        lat = self.latencies_ms
+        if not len(lat) or np.isnan(lat).all():
+            return math.nan, False
+        value = float(np.nanpercentile(lat, metric.q))
+        finished = lat[~self.censored & ~np.isnan(lat)]
+        return value, bool(self.censored.any() and (not len(finished)
+                                                     or value > float(finished.max())))
+
+
+Runs = Sequence["RunSample | None"]  # one entry per repeat; None: the contender sat it out
+
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """One contender's statistic on all the data (`value`) and on each bootstrap resample."""
+    """One contender's figure on a metric: the median over its repeats (percentile, scalar)
+    or its pooled fraction, and whether it rests on calls cut off at the deadline."""
 
     value: float
-    censored: bool  # `value` rests on calls cut off at the deadline: a lower bound
-    resamples: np.ndarray
-    shown: float  # what a table shows: the plain fraction (no continuity correction)
+    censored: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,120 +132,113 @@ class Ratio:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
-@dataclasses.dataclass(frozen=True)
-class Resampling:
-    """The draws every contender of one comparison shares, which is what pairs them: the
-    repeats of each resample (resamples × repeats) and a uniform number per call slot, turned
-    into a call index within the drawn repeat (`calls`)."""
-
-    plan: np.ndarray
-    seed: int
-
-    @classmethod
-    def new(cls, repeats: int, seed: int, resamples: int = RESAMPLES) -> Resampling:
-        rng = np.random.default_rng(seed)
-        return cls(rng.integers(0, repeats, size=(resamples, repeats)), seed)
-
-    def chunks(self, width: int, chunk: int = 100) -> Any:
-        """(first resample, its drawn repeats, uniforms of shape (b, repeats, width)) in chunks;
-        the same for every contender, since the generator restarts from `seed`."""
-        rng = np.random.default_rng(self.seed + 1)
-        for start in range(0, len(self.plan), chunk):
-            picks = self.plan[start:start + chunk]
-            yield start, picks, rng.random((*picks.shape, width))
+TRIM = 0.2  # the share of per-repeat ratios dropped at each end
 
 
-def estimate(runs: Sequence[RunSample], metric: Metric, draws: Resampling,
-             width: int) -> Estimate | None:
-    """`metric` for one contender over its runs (one per repeat), with its bootstrap resamples.
-    `width` is the most calls any contender measured in one run (the draws' width)."""
-    if metric.kind == "scalar":
-        values = np.array([r.values.get(metric.key, math.nan) for r in runs], dtype=float)
-        if np.isnan(values).all():
+def estimate(runs: Runs, metric: Metric) -> Estimate | None:
+    """`metric` for one contender over the repeats it played."""
+    played = [r for r in runs if r is not None]
+    if metric.kind == "fraction":
+        flags = [r.flags.get(metric.key) for r in played]
+        if not flags or any(f is None for f in flags):
             return None
-        with np.errstate(all="ignore"):
-            out = np.nanmedian(values[draws.plan], axis=1)
-        value = float(np.nanmedian(values))
-        return Estimate(value, False, out, value)
-    if metric.kind == "percentile":
-        pools = [r.latencies_ms for r in runs]
-        everything = np.concatenate(pools) if pools else np.empty(0)
-        if np.isnan(everything).all():
-            return None
-        value = float(np.nanpercentile(everything, metric.q))
-        finished = [r.latencies_ms[~r.censored & ~np.isnan(r.latencies_ms)] for r in runs]
-        top = max((float(f.max()) for f in finished if len(f)), default=-math.inf)
-        return Estimate(value, value > top, _resampled(pools, draws, width, metric.q), value)
-    flags = [r.flags.get(metric.key) for r in runs]
-    if any(f is None for f in flags):
+        counted = np.concatenate([f for f in flags if f is not None])
+        n = int((~np.isnan(counted)).sum())
+        return Estimate(float(np.nansum(counted)) / n, False) if n else None
+    stats = [r.statistic(metric) for r in played]
+    values = np.array([v for v, _ in stats], dtype=float)
+    if not len(values) or np.isnan(values).all():
         return None
-    pools = [f for f in flags if f is not None]
-    counted = np.concatenate(pools)
-    n = int((~np.isnan(counted)).sum())
-    if not n:
+    return Estimate(float(np.nanmedian(values)), any(c for _, c in stats))
+
+
+def ratio(metric: Metric, contender: str, a: Runs, baseline: str, b: Runs,
+          seed: int) -> Ratio | None:
+    """How many times better `a` (the contender's runs) is than `b` (the baseline's), on the
+    repeats both played; None when they share none."""
+    both = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    if not both:
         return None
-    k = float(np.nansum(counted))
-    # +½ / +1: a contender with no such call still gets a finite, conservative ratio.
-    return Estimate((k + 0.5) / (n + 1.0), False, _resampled(pools, draws, width, None),
-                    k / n)
-
-
-def _resampled(pools: Sequence[np.ndarray], draws: Resampling, width: int,
-               q: float | None) -> np.ndarray:
-    """Per resample: the drawn repeats, each with its calls redrawn (by place in the plan, as
-    every contender redraws them), pooled; then their q-th percentile (numpy's "linear"), or
-    for `q=None` their fraction of ones with +½ / +1. NaN marks a call that does not count."""
-    sizes = np.array([len(p) for p in pools])
-    padded = np.full((len(pools), max(width, 1)), np.nan)
-    for i, p in enumerate(pools):
-        padded[i, :len(p)] = p
-    out = np.empty(len(draws.plan))
-    for start, picks, uniforms in draws.chunks(max(width, 1)):
-        n = sizes[picks]  # calls in each drawn repeat
-        idx = (uniforms * n[..., None]).astype(np.int64)
-        values = padded[picks[..., None], idx]
-        values[np.arange(uniforms.shape[-1]) >= n[..., None]] = np.nan  # past a run's calls
-        rows = values.reshape(len(picks), -1)
-        at = np.arange(len(picks))
-        if q is None:
-            k = np.nansum(rows, axis=1)
-            m = (~np.isnan(rows)).sum(axis=1)
-            out[start:start + len(picks)] = (k + 0.5) / (m + 1.0)
-            continue
-        rows = np.sort(rows, axis=1)  # NaN sorts last
-        m = (~np.isnan(rows)).sum(axis=1)
-        pos = q / 100 * np.maximum(m - 1, 0)
-        lo = np.floor(pos).astype(np.int64)
-        hi = np.minimum(lo + 1, np.maximum(m - 1, 0))
-        frac = pos - lo
-        with np.errstate(invalid="ignore"):
-            out[start:start + len(picks)] = np.where(
-                m > 0, rows[at, lo] + frac * (rows[at, hi] - rows[at, lo]), math.nan)
-    return out
-
-
-def ratio(metric: Metric, contender: str, a: Estimate, baseline: str, b: Estimate) -> Ratio:
-    """How many times better `a` (the contender) is than `b` (the baseline)."""
+    rng = np.random.default_rng(seed)
+    if metric.kind == "fraction":
+        return _pooled_ratio(metric, contender, [x for x, _ in both], baseline,
+                             [y for _, y in both], rng)
+    sa = [x.statistic(metric) for x, _ in both]
+    sb = [y.statistic(metric) for _, y in both]
     with np.errstate(all="ignore"):
-        if metric.lower_is_better:
-            value = b.value / a.value if a.value > 0 else math.inf
-            boots = b.resamples / a.resamples
-        else:
-            value = a.value / b.value if b.value > 0 else math.inf
-            boots = a.resamples / b.resamples
-    boots = boots[~np.isnan(boots)]
+        logs = np.log(np.array([v for v, _ in sb]) / np.array([v for v, _ in sa]))
+    if not metric.lower_is_better:
+        logs = -logs
+    logs = logs[np.isfinite(logs)]
+    if not len(logs):
+        return None
+    value = math.exp(_trimmed_means(logs[None, :])[0])
+    lo = hi = math.nan
+    if len(logs) > 1:
+        draws = logs[rng.integers(0, len(logs), size=(RESAMPLES, len(logs)))]
+        means = _trimmed_means(draws)
+        alpha = (1.0 - LEVEL) / 2
+        lo, hi = (math.exp(float(np.quantile(means, alpha))),
+                  math.exp(float(np.quantile(means, 1 - alpha))))
+    return Ratio(metric.key, contender, baseline, value, lo, hi,
+                 _bound(any(c for _, c in sa), any(c for _, c in sb)))
+
+
+def _trimmed_means(rows: np.ndarray) -> np.ndarray:
+    """The mean of each row after dropping `TRIM` of its values at each end."""
+    n = rows.shape[1]
+    k = int(TRIM * n)
+    return np.sort(rows, axis=1)[:, k:n - k].mean(axis=1)
+
+
+def _bound(contender_censored: bool, baseline_censored: bool) -> str:
+    """A censored baseline makes the ratio a lower bound, a censored contender an upper one."""
+    if baseline_censored and not contender_censored:
+        return "≥"
+    if contender_censored and not baseline_censored:
+        return "≤"
+    return "?" if contender_censored else ""
+
+
+def _pooled_ratio(metric: Metric, contender: str, a: Sequence[RunSample], baseline: str,
+                  b: Sequence[RunSample], rng: np.random.Generator) -> Ratio | None:
+    """A fraction's ratio pooled over the repeats both played, with a paired bootstrap: each
+    resample draws repeats, the same for both, and redraws the calls within each drawn repeat
+    jointly (how many counted for both, for one only, for neither), as resampling the same
+    calls for both would. Fractions carry +½ / +1, so that a contender with no such call gets a
+    finite, conservative ratio."""
+    fa = [r.flags.get(metric.key) for r in a]
+    fb = [r.flags.get(metric.key) for r in b]
+    if any(f is None for f in [*fa, *fb]):
+        return None
+    cells = np.array([_joint(x, y) for x, y in zip(fa, fb) if x is not None and y is not None])
+    calls = cells.sum(axis=1)  # per repeat: calls counted for both
+    plan = rng.integers(0, len(cells), size=(RESAMPLES, len(cells)))
+    with np.errstate(all="ignore"):
+        shares = np.where(calls[:, None] > 0, cells / calls[:, None], 0.25)
+    redrawn = rng.multinomial(calls[plan], shares[plan])  # (resamples, repeats, 4)
+    total = redrawn.sum(axis=1)
+    n = calls[plan].sum(axis=1)
+    boots_a = (total[:, 0] + total[:, 1] + 0.5) / (n + 1.0)
+    boots_b = (total[:, 0] + total[:, 2] + 0.5) / (n + 1.0)
+    k = cells.sum(axis=0)
+    point_a = (k[0] + k[1] + 0.5) / (calls.sum() + 1.0)
+    point_b = (k[0] + k[2] + 0.5) / (calls.sum() + 1.0)
+    value = point_b / point_a if metric.lower_is_better else point_a / point_b
+    boots = boots_b / boots_a if metric.lower_is_better else boots_a / boots_b
     alpha = (1.0 - LEVEL) / 2
-    lo, hi = ((float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha)))
-              if len(boots) else (math.nan, math.nan))
-    # Only a latency percentile can be censored; a censored baseline makes the ratio bigger.
-    bound = ""
-    if b.censored and not a.censored:
-        bound = "≥"
-    elif a.censored and not b.censored:
-        bound = "≤"
-    elif a.censored and b.censored:
-        bound = "?"
-    return Ratio(metric.key, contender, baseline, value, lo, hi, bound)
+    return Ratio(metric.key, contender, baseline, float(value),
+                 float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha)))
+
+
+def _joint(a: np.ndarray, b: np.ndarray) -> tuple[int, int, int, int]:
+    """Of the calls counted for both (by place in the plan): how many are flagged for both,
+    for `a` only, for `b` only, for neither."""
+    n = min(len(a), len(b))
+    x, y = a[:n], b[:n]
+    both = ~np.isnan(x) & ~np.isnan(y)
+    x, y = x[both] > 0, y[both] > 0
+    return int((x & y).sum()), int((x & ~y).sum()), int((~x & y).sum()), int((~x & ~y).sum())
 
 
 def noise_band(control: Ratio | None) -> tuple[float, float]:
@@ -272,58 +289,43 @@ def half_width(r: Ratio | None) -> float:
     return max(1.0 - r.lo, r.hi - 1.0, 0.0)
 
 
-def compare(samples: Mapping[str, Sequence[RunSample]], metrics: Sequence[str], *,
+def compare(samples: Mapping[str, Runs], metrics: Sequence[str], *,
             contenders: Sequence[str], baselines: Sequence[str],
             control: tuple[str, str] | None, seed: int = 0) -> dict[str, Any]:
-    """Every contender against the strongest baseline and against each baseline, per metric.
+    """Every contender against every baseline, per metric.
 
     `samples` holds each contender's runs, repeat by repeat (repeat i of every contender played
-    the same plan). `control` is the A/A pair: one contender and its twin. Returns, per metric:
-    each contender's `estimates` (value shown, censored), the `strongest` baseline and the
-    `best` contender on the point estimate, the `control` ratio, and `ratios` (contender,
-    baseline) for every contender against every baseline.
+    the same plan; None where a contender sat a repeat out). `control` is the A/A pair: one
+    contender and its twin. Returns, per metric: each contender's `estimates` (value shown,
+    censored), the `strongest` baseline and the `best` contender on the point estimate, the
+    `control` ratio, and `ratios` (contender, baseline) for every contender against every
+    baseline.
     """
-    repeats = min((len(runs) for runs in samples.values()), default=0)
     out: dict[str, Any] = {}
-    if not repeats:
-        return out
-    runs_of = {name: list(runs)[:repeats] for name, runs in samples.items()}
-    width = max((len(r.latencies_ms) for runs in runs_of.values() for r in runs), default=0)
     for m, key in enumerate(metrics):
         metric = METRICS[key]
-        draws = Resampling.new(repeats, seed + 7919 * (m + 1))
-        est: dict[str, Estimate] = {}
-        for name, runs in runs_of.items():
-            e = estimate(runs, metric, draws, width)
-            if e is not None:
-                est[name] = e
+        est = {name: e for name, runs in samples.items()
+               if (e := estimate(runs, metric)) is not None}
         if not est:
             continue
         sign = -1.0 if metric.lower_is_better else 1.0
         goodness = {n: sign * e.value for n, e in est.items()}
         present = [b for b in baselines if b in est]
         mine = [c for c in contenders if c in est]
-        strongest = max(present, key=goodness.__getitem__) if present else None
-        ratios = [_between(metric, est, c, b, repeats).as_dict() for c in mine for b in present]
-        ctl = None
-        if control and control[0] in est and control[1] in est:
-            ctl = _between(metric, est, *control, repeats)
+        pair_seed = seed + 7919 * (m + 1)
+        ratios = [r.as_dict() for c in mine for b in present
+                  if (r := ratio(metric, c, samples[c], b, samples[b], pair_seed)) is not None]
+        ctl = (ratio(metric, control[0], samples[control[0]], control[1], samples[control[1]],
+                     pair_seed)
+               if control and control[0] in est and control[1] in est else None)
         out[key] = {
-            "estimates": {n: {"value": e.shown, "censored": e.censored} for n, e in est.items()},
-            "strongest": strongest,
+            "estimates": {n: {"value": e.value, "censored": e.censored} for n, e in est.items()},
+            "strongest": max(present, key=goodness.__getitem__) if present else None,
             "best": max(mine, key=goodness.__getitem__) if mine else None,
             "control": ctl.as_dict() if ctl else None,
             "ratios": ratios,
         }
     return out
-
-
-def _between(metric: Metric, est: Mapping[str, Estimate], a: str, b: str,
-             repeats: int) -> Ratio:
-    r = ratio(metric, a, est[a], b, est[b])
-    if repeats > 1 or metric.kind != "scalar":
-        return r
-    return dataclasses.replace(r, lo=math.nan, hi=math.nan)  # one value: nothing to resample
 
 
 def find(comparison: Mapping[str, Any], contender: str | None,

@@ -502,12 +502,16 @@ def plot(staleness: dict[str, dict[str, list[int]]], path: Path) -> None:
 
 
 def run(quick: bool, out_dir: str | Path, repeats: int | None = None,
-        workloads: tuple[str, ...] = ("engines", "slots")) -> dict[str, Any]:
+        workloads: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Measure every contender `repeats` times (3 quick, 5 full) on each workload (Ray must be
     initialised), write the staleness histogram to `out_dir`, and return the figures as a side
     scenario of `python -m benchmarks` does (`summary`, `tables`, `headline`, the max_staleness=2
-    ratio on engines; see benchmarks/side/__init__.py), with the raw numbers beside."""
+    ratio on engines; see benchmarks/side/__init__.py), with the raw numbers beside. The
+    workloads default to both, but to the headline's (engines) alone inside a quick
+    `python -m benchmarks`, which has minutes for the side scenarios, not a quarter of an hour."""
     repeats = repeats or (3 if quick else 5)
+    if workloads is None:
+        workloads = ("engines",) if quick else ("engines", "slots")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     chosen = {name: s for name, s in scenarios(quick).items() if name in workloads}
@@ -567,7 +571,7 @@ def main() -> None:
              object_store_memory=200 * 1024**2)
     try:
         results = run(opts.quick, opts.out, opts.repeats,
-                      tuple(opts.workload or ("engines", "slots")))
+                      tuple(opts.workload or ("engines", "slots")))  # alone: both by default
     finally:
         ray.shutdown()
     (opts.out / "async_trainer.json").write_text(json.dumps(results, indent=1, default=str))

@@ -73,7 +73,7 @@ class Sizes:
 
 
 QUICK = Sizes(repeats=5, batch=240, base_s=0.005, slowdown=10.0,
-              fault_batch=240, fault_s=0.01, fault_repeats=2, hang_s=20.0)
+              fault_batch=240, fault_s=0.01, fault_repeats=1, hang_s=20.0)
 FULL = Sizes(repeats=8, batch=480, base_s=0.005, slowdown=10.0,
              fault_batch=480, fault_s=0.01, fault_repeats=4, hang_s=30.0)
 
