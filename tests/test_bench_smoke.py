@@ -9,7 +9,6 @@ apart, the check against queueing theory), never how fast anything was.
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import os
 import subprocess
@@ -29,7 +28,7 @@ from benchmarks import cli  # noqa: E402  (the repository root is on pythonpath)
 from benchmarks.harness import metrics, turns  # noqa: E402
 from benchmarks.harness.contenders import default_policy, twin_name  # noqa: E402
 from benchmarks.harness.workloads import Service  # noqa: E402
-from benchmarks.report import headline, stats  # noqa: E402
+from benchmarks.report import headline, output, stats  # noqa: E402
 from benchmarks.scenarios import call_path, drivers, hedged  # noqa: E402
 from benchmarks.without_ray import sim, theory  # noqa: E402
 
@@ -61,8 +60,7 @@ def smoke_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def _load(out: Path) -> dict[str, Any]:
-    with open(out / "results.json") as f:
-        return json.load(f)
+    return output.read(str(out / "results.json"))  # null metric values back as NaN
 
 
 def test_writes_results_report_headline_and_plots(smoke_run: Path) -> None:
@@ -111,7 +109,7 @@ def test_the_aa_control_is_the_default_against_its_twin_in_every_scenario(
             assert (control["contender"], control["baseline"]) == (scenario["default"],
                                                                    scenario["twin"])
             assert control["value"] > 0
-            assert control["lo"] is None or control["lo"] <= control["hi"]  # None: one repeat
+            assert control["lo"] <= control["hi"] or math.isnan(control["lo"])  # one repeat
             twin = next(c for c in scenario["contenders"] if c["name"] == scenario["twin"])
             assert twin["family"] == "aa"  # neither a contender nor a baseline of a ratio
 
@@ -123,7 +121,8 @@ def test_default_is_compared_with_the_strongest_baseline_with_an_interval(
         baselines = {c["name"] for c in scenario["contenders"] if c["family"] == "baseline"}
         assert comparison["strongest"] in baselines
         r = stats.find(comparison, scenario["default"], comparison["strongest"])
-        assert r is not None and r.value > 0 and r.lo <= r.hi
+        assert r is not None and r.value > 0
+        assert r.lo <= r.hi or scenario["repeats"] == 1 and math.isnan(r.lo)
 
 
 def test_straggler_is_judged_on_a_fraction_of_slow_calls_beside_p99(smoke_run: Path) -> None:
@@ -270,18 +269,18 @@ def test_without_a_control_the_noise_band_is_1_alone() -> None:
     assert stats.verdict(_ratio(1.3, 1.2, 1.5), None) == "better"
 
 
-def _runs(latencies: list[list[float]]) -> list[stats.RunSample]:
+def _runs(latencies: list[list[float]]) -> list[stats.RunSample | None]:
     import numpy as np
 
     return [stats.RunSample(np.array(lat), np.zeros(len(lat), dtype=bool), {}, {})
             for lat in latencies]
 
 
-def test_the_bootstrap_pairs_contenders_call_by_call() -> None:
+def test_ratios_are_paired_by_repeat() -> None:
     import numpy as np
 
     rng = np.random.default_rng(0)
-    plans = [list(rng.exponential(10.0, 200)) for _ in range(6)]  # one plan per repeat
+    plans = [list(rng.exponential(10.0 * (1 + r), 200)) for r in range(6)]  # repeats differ
     samples = {"fast": _runs(plans), "slow": _runs([[2 * v for v in p] for p in plans]),
                "same": _runs(plans)}
     block = stats.compare(samples, ["p99_ms"], contenders=["fast"], baselines=["slow"],
@@ -290,6 +289,46 @@ def test_the_bootstrap_pairs_contenders_call_by_call() -> None:
     assert r is not None and r.lo == pytest.approx(2.0) and r.hi == pytest.approx(2.0)
     control = stats.control_of(block)
     assert control is not None and (control.lo, control.hi) == (1.0, 1.0)
+
+
+def test_a_repeat_the_machine_stalled_in_is_trimmed() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    plans = [list(rng.exponential(10.0, 300)) for _ in range(10)]
+    stalled = [[v * (10 if r == 3 else 1) for v in p] for r, p in enumerate(plans)]
+    block = stats.compare({"a": _runs(plans), "b": _runs(stalled)}, ["p99_ms"],
+                          contenders=["a"], baselines=["b"], control=None)["p99_ms"]
+    r = stats.find(block, "a", "b")
+    assert r is not None and r.value == pytest.approx(1.0)
+
+
+def test_a_contender_that_sat_repeats_out_is_compared_on_the_shared_ones() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    plans = [list(rng.exponential(10.0, 100)) for _ in range(4)]
+    sparse = [run if i % 2 else None for i, run in enumerate(_runs([[3 * v for v in p]
+                                                                    for p in plans]))]
+    block = stats.compare({"a": _runs(plans), "b": sparse}, ["p50_ms"], contenders=["a"],
+                          baselines=["b"], control=None)["p50_ms"]
+    r = stats.find(block, "a", "b")
+    assert r is not None and r.value == pytest.approx(3.0)
+
+
+def test_a_fraction_with_no_counted_calls_gives_a_finite_ratio() -> None:
+    import numpy as np
+
+    def runs(slow: int) -> list[stats.RunSample | None]:
+        flags = np.array([1.0] * slow + [0.0] * (100 - slow))
+        return [stats.RunSample(np.zeros(100), np.zeros(100, dtype=bool),
+                                {"slow_frac": flags}, {}) for _ in range(4)]
+
+    block = stats.compare({"none": runs(0), "some": runs(10)}, ["slow_frac"],
+                          contenders=["none"], baselines=["some"], control=None)["slow_frac"]
+    r = stats.find(block, "none", "some")
+    assert r is not None and r.value == pytest.approx((10.5 / 101) / (0.5 / 101))
+    assert block["estimates"]["none"]["value"] == 0.0
 
 
 def test_a_failed_call_has_no_latency_but_counts_as_lost() -> None:

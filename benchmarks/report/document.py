@@ -97,8 +97,8 @@ def table_rows(scenario: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]
 
 
 # -- what a scenario says -------------------------------------------------------------------------
-def pooled(scenario: Mapping[str, Any], name: str | None, metric: str) -> str:
-    """A contender's value of `metric` (median of repeats, or a fraction pooled over them)."""
+def median(scenario: Mapping[str, Any], name: str | None, metric: str) -> str:
+    """A contender's value of `metric`: the median over the repeats it played."""
     e = comparison(scenario, metric).get("estimates", {}).get(name) if name else None
     if not e:
         return "–"
@@ -121,12 +121,10 @@ def paragraph(scenario: Mapping[str, Any]) -> str:
         words = stats.METRICS[metric].words
         strongest, best = comp.get("strongest"), comp.get("best")
         control = stats.control_of(comp)
-        part = [f"**{words[0].upper() + words[1:]}**"
-                + (" (pooled over repeats)" if stats.METRICS[metric].kind == "fraction"
-                   else " (median of repeats)") + ":"]
+        part = [f"**{words[0].upper() + words[1:]}** (median of repeats):"]
         if strongest:
             part.append(f"strongest baseline {names[strongest]} "
-                        f"{pooled(scenario, strongest, metric)};")
+                        f"{median(scenario, strongest, metric)};")
         for who, against in dict.fromkeys([(default, strongest), (default, headline.RANDOM),
                                            (best, strongest)]):
             r = stats.find(comp, who, against) if who != against else None
@@ -134,7 +132,7 @@ def paragraph(scenario: Mapping[str, Any]) -> str:
                 continue
             label = (f"the default, {names[who]}" if who == default
                      else f"the best of the library (a selection), {names[who]}")
-            part.append(f"{label} {pooled(scenario, who, metric)}, "
+            part.append(f"{label} {median(scenario, who, metric)}, "
                         f"{stats.interval_text(r)} against {names[against]}: "
                         f"{stats.verdict(r, control)};")
         if control:
@@ -218,9 +216,9 @@ def report_md(results: Mapping[str, Any]) -> str:
         "",
         "Every figure below was measured in this run, baselines included. Latency is from just "
         "before the call is sent to its result reaching the driver (completion callback). "
-        "Table cells are medians over repeats (ranges where shown). A ratio of latencies or "
-        "scalars is the trimmed mean of the per-repeat ratios, a ratio of fractions pools the "
-        "repeats; each carries a 95% paired bootstrap interval (`benchmarks/report/stats.py`). "
+        "Table cells are medians over repeats (ranges where shown). A ratio is the trimmed mean "
+        "of the per-repeat ratios, with a 95% bootstrap interval over repeats "
+        "(`benchmarks/report/stats.py`). "
         "A `≥` marks a lower bound: some calls had no result by the drain deadline and count "
         "at it. Calls sent in the warm-up are not measured. *slow*: calls slower than 10× the "
         "mean service time.",
@@ -353,14 +351,14 @@ NOTES = """
 - Open-loop arrivals: calls are sent at planned times whatever happened to earlier calls. The
   driver's own send lag is reported; if it fell behind, latencies would be understated, never
   inflated.
-- Ratios are paired by repeat (within a repeat every contender played the same plan). A
-  latency percentile or a scalar is taken per repeat; the ratio is the 20%-trimmed mean of the
-  per-repeat log ratios (a repeat the machine stalled in moves one of them, which the trimming
-  drops), with 1,000 bootstrap resamples of the repeats. A fraction is pooled over the repeats
-  both sides played; its resamples draw the same repeats for both and redraw the calls within
-  them jointly. Fractions carry +½ / +1 so that a contender with none of the counted calls
-  still gets a finite, conservative ratio. The library's policies other than the default play
-  every other repeat in `--quick` (ratios use the repeats both sides played).
+- Ratios are paired by repeat (within a repeat every contender played the same plan): every
+  metric is taken per repeat (a latency percentile, the fraction of slow or lost calls, a
+  makespan, a rate) and the ratio is the 20%-trimmed mean of the per-repeat log ratios (a
+  repeat the machine stalled in moves one of them, which the trimming drops), with 1,000
+  bootstrap resamples of the repeats. In a ratio, a fraction carries +½ / +1 so that a run with
+  none of the counted calls still gives a finite, conservative ratio. The library's policies
+  other than the default play every other repeat in `--quick` (ratios use the repeats both
+  sides played).
 - The A/A control is the default run twice: the mesh that made the actors and a second mesh
   with the default policy over the same actors. actormesh `random` against `random.choice` is
   reported apart, as the library's overhead.

@@ -55,8 +55,7 @@ def _names(scenario: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _also(scenario: Mapping[str, Any], metric: str, shown: Sequence[str]) -> str:
-    """The values of another metric for the contenders a row shows: a judged metric pooled as
-    its comparison pools it, else the median over repeats."""
+    """The values of another metric for the contenders a row shows (medians of repeats)."""
     comparison = scenario.get("comparisons", {}).get(metric)
     if comparison:
         cells = [value_text(metric, *_estimate(comparison, c)) for c in shown
@@ -255,10 +254,9 @@ def other_rows(results: Mapping[str, Any]) -> list[list[str]]:
 EXPLAIN = (
     "Ratios are how many times better the first contender is (> 1: better; baseline ÷ "
     "contender for latency, makespan, lost or slow calls and CPU, contender ÷ baseline for "
-    "throughput). Contenders take turns within each repeat and play the same plan, so ratios "
-    "are paired by repeat: for latency and scalars, the trimmed mean of the per-repeat ratios; "
-    "for fractions of calls, pooled over the repeats; each with a 95% bootstrap interval over "
-    "repeats. Values are medians of repeats (fractions: pooled). "
+    "throughput). Contenders take turns within each repeat and play the same plan, so a ratio "
+    "is the trimmed mean of the per-repeat ratios, with a 95% bootstrap interval over repeats; "
+    "values are medians of repeats. "
     "The A/A control is the default run twice, on two meshes over the same actors: its "
     "interval, widened to include 1, is the noise floor. A ratio reads *better* or *worse* when "
     "its interval leaves out 1 and its value lies outside that floor, else *no difference "

@@ -4,15 +4,12 @@ Every ratio the harness reports is "how many times better the contender is than 
 (baseline ÷ contender for a metric where lower is better, contender ÷ baseline otherwise), so
 > 1 always favours the contender. Within a repeat every contender played the same plan (the
 same calls, sent at the same offsets, with the same service times), so ratios are paired by
-repeat:
-
-- a latency percentile or a scalar (a makespan, a rate) is taken per repeat, and the ratio is
-  the 20%-trimmed mean of the per-repeat log ratios, with a 95% bootstrap interval over
-  repeats. A repeat the machine stalled in (a shared two-core machine does) moves one
-  per-repeat ratio, which the trimming drops, instead of the tail of every pooled call;
-- a fraction of calls (slow, lost) is pooled over the repeats both played, with a paired
-  bootstrap that draws the same repeats, and the same calls by their place in the plan, for
-  both, since a repeat holds too few such calls for a ratio of its own.
+repeat. Each metric is taken per repeat (a percentile of that run's calls, the fraction of its
+calls that were slow or lost, a makespan, a rate), and the ratio is the 20%-trimmed mean of the
+per-repeat log ratios, with a 95% bootstrap interval over repeats. A repeat the machine stalled
+in (a shared two-core machine does) moves one per-repeat ratio, which the trimming drops,
+instead of the tail of every pooled call. A fraction carries +½ / +1 in a ratio, so that a run
+with none of the counted calls still gives a finite, conservative ratio.
 
 A contender that plays only some repeats (see `benchmarks.harness.runner`) is compared on the
 repeats it shares with the other.
@@ -86,11 +83,18 @@ class RunSample:
         """A run measured by scalar metrics only (a makespan, a rate)."""
         return cls(np.empty(0), np.empty(0, dtype=bool), {}, dict(values))
 
-    def statistic(self, metric: Metric) -> tuple[float, bool]:
-        """This run's value of a percentile or scalar metric, and whether it is a lower bound
-        (a percentile reaching past the slowest call that finished)."""
+    def statistic(self, metric: Metric, corrected: bool = False) -> tuple[float, bool]:
+        """This run's value of `metric`, and whether it is a lower bound (a percentile reaching
+        past the slowest call that finished). `corrected`: a fraction with +½ / +1."""
         if metric.kind == "scalar":
             return self.values.get(metric.key, math.nan), False
+        if metric.kind == "fraction":
+            flags = self.flags.get(metric.key)
+            n = 0 if flags is None else int((~np.isnan(flags)).sum())
+            if flags is None or (not n and not corrected):
+                return math.nan, False
+            k = float(np.nansum(flags))
+            return ((k + 0.5) / (n + 1.0) if corrected else k / n), False
         lat = self.latencies_ms
         if not len(lat) or np.isnan(lat).all():
             return math.nan, False
@@ -105,8 +109,8 @@ Runs = Sequence["RunSample | None"]  # one entry per repeat; None: the contender
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """One contender's figure on a metric: the median over its repeats (percentile, scalar)
-    or its pooled fraction, and whether it rests on calls cut off at the deadline."""
+    """One contender's figure on a metric: the median over the repeats it played, and whether
+    it rests on calls cut off at the deadline."""
 
     value: float
     censored: bool
@@ -138,13 +142,8 @@ TRIM = 0.2  # the share of per-repeat ratios dropped at each end
 def estimate(runs: Runs, metric: Metric) -> Estimate | None:
     """`metric` for one contender over the repeats it played."""
     played = [r for r in runs if r is not None]
-    if metric.kind == "fraction":
-        flags = [r.flags.get(metric.key) for r in played]
-        if not flags or any(f is None for f in flags):
-            return None
-        counted = np.concatenate([f for f in flags if f is not None])
-        n = int((~np.isnan(counted)).sum())
-        return Estimate(float(np.nansum(counted)) / n, False) if n else None
+    if metric.kind == "fraction" and any(metric.key not in r.flags for r in played):
+        return None
     stats = [r.statistic(metric) for r in played]
     values = np.array([v for v, _ in stats], dtype=float)
     if not len(values) or np.isnan(values).all():
@@ -159,12 +158,12 @@ def ratio(metric: Metric, contender: str, a: Runs, baseline: str, b: Runs,
     both = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
     if not both:
         return None
+    if metric.kind == "fraction" and any(metric.key not in r.flags for pair in both
+                                         for r in pair):
+        return None
     rng = np.random.default_rng(seed)
-    if metric.kind == "fraction":
-        return _pooled_ratio(metric, contender, [x for x, _ in both], baseline,
-                             [y for _, y in both], rng)
-    sa = [x.statistic(metric) for x, _ in both]
-    sb = [y.statistic(metric) for _, y in both]
+    sa = [x.statistic(metric, corrected=True) for x, _ in both]
+    sb = [y.statistic(metric, corrected=True) for _, y in both]
     with np.errstate(all="ignore"):
         logs = np.log(np.array([v for v, _ in sb]) / np.array([v for v, _ in sa]))
     if not metric.lower_is_better:
@@ -198,47 +197,6 @@ def _bound(contender_censored: bool, baseline_censored: bool) -> str:
     if contender_censored and not baseline_censored:
         return "≤"
     return "?" if contender_censored else ""
-
-
-def _pooled_ratio(metric: Metric, contender: str, a: Sequence[RunSample], baseline: str,
-                  b: Sequence[RunSample], rng: np.random.Generator) -> Ratio | None:
-    """A fraction's ratio pooled over the repeats both played, with a paired bootstrap: each
-    resample draws repeats, the same for both, and redraws the calls within each drawn repeat
-    jointly (how many counted for both, for one only, for neither), as resampling the same
-    calls for both would. Fractions carry +½ / +1, so that a contender with no such call gets a
-    finite, conservative ratio."""
-    fa = [r.flags.get(metric.key) for r in a]
-    fb = [r.flags.get(metric.key) for r in b]
-    if any(f is None for f in [*fa, *fb]):
-        return None
-    cells = np.array([_joint(x, y) for x, y in zip(fa, fb) if x is not None and y is not None])
-    calls = cells.sum(axis=1)  # per repeat: calls counted for both
-    plan = rng.integers(0, len(cells), size=(RESAMPLES, len(cells)))
-    with np.errstate(all="ignore"):
-        shares = np.where(calls[:, None] > 0, cells / calls[:, None], 0.25)
-    redrawn = rng.multinomial(calls[plan], shares[plan])  # (resamples, repeats, 4)
-    total = redrawn.sum(axis=1)
-    n = calls[plan].sum(axis=1)
-    boots_a = (total[:, 0] + total[:, 1] + 0.5) / (n + 1.0)
-    boots_b = (total[:, 0] + total[:, 2] + 0.5) / (n + 1.0)
-    k = cells.sum(axis=0)
-    point_a = (k[0] + k[1] + 0.5) / (calls.sum() + 1.0)
-    point_b = (k[0] + k[2] + 0.5) / (calls.sum() + 1.0)
-    value = point_b / point_a if metric.lower_is_better else point_a / point_b
-    boots = boots_b / boots_a if metric.lower_is_better else boots_a / boots_b
-    alpha = (1.0 - LEVEL) / 2
-    return Ratio(metric.key, contender, baseline, float(value),
-                 float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha)))
-
-
-def _joint(a: np.ndarray, b: np.ndarray) -> tuple[int, int, int, int]:
-    """Of the calls counted for both (by place in the plan): how many are flagged for both,
-    for `a` only, for `b` only, for neither."""
-    n = min(len(a), len(b))
-    x, y = a[:n], b[:n]
-    both = ~np.isnan(x) & ~np.isnan(y)
-    x, y = x[both] > 0, y[both] > 0
-    return int((x & y).sum()), int((x & ~y).sum()), int((~x & y).sum()), int((~x & ~y).sum())
 
 
 def noise_band(control: Ratio | None) -> tuple[float, float]:
