@@ -39,7 +39,7 @@ NO_DIFFERENCE = "no difference (within noise)"
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
-    """A quantity a scenario is judged on, and how its bootstrap resamples it."""
+    """A quantity a scenario is judged on, and how one run gives its value (`kind`)."""
 
     key: str
     words: str  # for tables and headlines
