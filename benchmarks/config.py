@@ -20,12 +20,12 @@ class Config:
     # The default, its twin and the baselines play every repeat, the library's other policies
     # every n-th (in turns, so each repeat holds some); 1: every contender every repeat.
     others_every: int = 2
-    warmup_s: float = 0.15  # calls planned before this are sent but not measured
-    measure_s: float = 0.5
+    warmup_s: float = 0.1  # calls planned before this are sent but not measured
+    measure_s: float = 0.45
     mean_s: float = 0.010  # mean service time of the latency scenarios
     drain_s: float = 0.6  # wait after the last send; calls still out count at it (lower bounds)
     batch_drain_s: float = 20.0  # the same for batches and tiny calls, which must all finish
-    batch_calls: int = 120
+    batch_calls: int = 96
     batch_mean_s: float = 0.010
     batch_repeats: int = 6
     tiny_calls: int = 800

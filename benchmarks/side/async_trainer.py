@@ -365,7 +365,7 @@ def slot_pool(work: SlotWorkload) -> Iterator[Callable[[int], Rollouts]]:
 
 
 def scenarios(quick: bool) -> dict[str, Scenario]:
-    engines = EngineWorkload(prompts=160 if quick else 480)
+    engines = EngineWorkload(prompts=96 if quick else 480)
     slots = SlotWorkload(prompts=160 if quick else 480)
     return {
         "engines": Scenario("engines", "continuously batching engines (FakeEngine pool)",
@@ -558,7 +558,8 @@ def run(quick: bool, out_dir: str | Path, repeats: int | None = None,
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="160 prompts per workload, 3 repeats (what make bench runs)")
+                        help="96 prompts on engines, 160 on slots, 3 repeats (make bench runs "
+                             "engines only)")
     parser.add_argument("--repeats", type=int, help="repeats per contender")
     parser.add_argument("--workload", choices=["engines", "slots"], action="append",
                         help="only this workload (repeatable; default: both)")
