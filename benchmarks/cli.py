@@ -51,7 +51,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                "batch). To use an existing Ray cluster, set RAY_ADDRESS.")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="about ten minutes on two cores (the default)")
+                      help="about eleven minutes on two quiet cores (the default)")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
                       help="longer runs, 16 actors, more repeats, 1M simulated calls")
     mode.add_argument("--smoke", dest="mode", action="store_const", const="smoke",

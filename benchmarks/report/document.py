@@ -334,8 +334,8 @@ def side_md(side: Mapping[str, Any]) -> list[str]:
 
 
 NOTES = """
-- `python -m benchmarks --quick` (what `make bench` runs) takes about ten minutes on two cores;
-  `--full` runs longer, bigger and more repeats; `--only straggler map` picks scenarios
+- `python -m benchmarks --quick` (what `make bench` runs) takes about eleven minutes on two
+  quiet cores; `--full` runs longer, bigger and more repeats; `--only straggler map` picks scenarios
   (also `sim`, `theory`, `decision_cost` and the side scenarios), `--contenders pow2 sed
   ray-random` picks the balancing contenders. With `RAY_ADDRESS` set (e.g. `RAY_ADDRESS=auto`
   on a node of a cluster where actormesh is installed) the harness joins that cluster instead
