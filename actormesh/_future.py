@@ -94,7 +94,7 @@ class MeshFuture(Generic[R]):
             await _settled(self._future)
         result, mine = self._claim()
         if mine and self._combine is None and self._future.exception() is None \
-                and _ray.in_process(self._future.result()):
+                and _ray.arrived(self._future.result()):
             self._fill(result)  # a small value this process holds: read at once
         elif mine:  # off this event loop's thread: a value may be large, a collect slow
             await asyncio.get_running_loop().run_in_executor(None, self._fill, result)

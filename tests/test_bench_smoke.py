@@ -2,15 +2,18 @@
 
 A smoke test of the harness, not a benchmark: it asserts that results.json, report.md,
 headline.md and the plots are written and carry what makes their figures honest (the commit, an
-A/A control and intervals beside every ratio, the check against queueing theory), never how
-fast anything was.
+A/A control that is the default run twice, intervals beside every ratio, the library's overhead
+apart, the check against queueing theory), never how fast anything was.
 """
 
 from __future__ import annotations
 
-import json
+import inspect
 import math
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +22,36 @@ import pytest
 pytest.importorskip("matplotlib")
 pytest.importorskip("rich")
 
-from benchmarks import __main__ as bench  # noqa: E402  (the repository root is on pythonpath)
-from benchmarks import metrics, sim, stats, theory  # noqa: E402
-from benchmarks.workloads import Service  # noqa: E402
+import actormesh as am  # noqa: E402
+from actormesh import _balancer  # noqa: E402
+from benchmarks import cli  # noqa: E402  (the repository root is on pythonpath)
+from benchmarks.harness import metrics, turns  # noqa: E402
+from benchmarks.harness.contenders import default_policy, twin_name  # noqa: E402
+from benchmarks.harness.workloads import Service  # noqa: E402
+from benchmarks.report import headline, output, stats  # noqa: E402
+from benchmarks.scenarios import call_path, drivers, hedged  # noqa: E402
+from benchmarks.without_ray import sim, theory  # noqa: E402
 
-SECTIONS = ["straggler", "tiny_noop", "killed", "sim", "theory", "decision_cost"]
-# Both sides of the A/A control, the default and the strongest baseline; kept few: each run of
-# the kill scenario waits for a restart.
-CONTENDERS = ["random", "pow2", "ray-random", "ActorPool"]
+BALANCING = ["straggler", "tiny_noop", "killed"]
+CALL_PATH = ["map", "choose_burst", "sequential"]
+PREPARED = ["hedged", "drivers"]
+SECTIONS = [*BALANCING, *CALL_PATH, *PREPARED, "sim", "theory", "decision_cost"]
+# The default (which brings its A/A twin), random for the library's overhead, and the baselines
+# that can be the strongest; kept few: each run of the kill scenario waits for a restart.
+CONTENDERS = [default_policy(), "random", "ray-random", "ActorPool"]
+DEFAULT = default_policy()
 
 
 @pytest.fixture(scope="module")
-def smoke_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smoke_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("bench")
     argv = ["--smoke", "--out", str(out), "--only", *SECTIONS, "--contenders", *CONTENDERS]
-    assert bench.main(argv) == 0
-    return out
+    assert cli.main(argv) == 0
+    yield out
 
 
 def _load(out: Path) -> dict[str, Any]:
-    with open(out / "results.json") as f:
-        return json.load(f)
+    return output.read(str(out / "results.json"))  # null metric values back as NaN
 
 
 def test_writes_results_report_headline_and_plots(smoke_run: Path) -> None:
@@ -51,60 +63,119 @@ def test_writes_results_report_headline_and_plots(smoke_run: Path) -> None:
             assert (smoke_run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _scenario(results: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(s for s in results["scenarios"] if s["name"] == name)
+
+
 def test_results_record_commit_tree_state_machine_and_versions(smoke_run: Path) -> None:
     results = _load(smoke_run)
     assert results["git"]["commit"] and results["git"]["dirty"] in (True, False)
     assert results["machine"]["nproc"] >= 1 and results["machine"]["cpu_model"]
     assert results["versions"]["ray"] and results["versions"]["actormesh"]
-    assert [s["name"] for s in results["scenarios"]] == ["straggler", "tiny_noop", "killed"]
+    assert [s["name"] for s in results["scenarios"]] == [*BALANCING, *CALL_PATH, *PREPARED]
 
 
-def test_every_scenario_has_every_contender_with_repeats(smoke_run: Path) -> None:
+def test_the_default_and_the_policies_are_read_from_the_library(smoke_run: Path) -> None:
     results = _load(smoke_run)
-    expected = {c["name"] for c in results["contenders"]}
-    assert expected == set(CONTENDERS)
-    for scenario in results["scenarios"]:
-        assert {c["name"] for c in scenario["contenders"]} == expected
+    signature = inspect.signature(am.ActorMesh).parameters["balancer"].default
+    assert results["default_policy"] == getattr(signature, "name", signature)
+    assert results["policies"] == list(_balancer.POLICIES)
+
+
+def test_every_balancing_scenario_has_every_contender_and_the_twin(smoke_run: Path) -> None:
+    results = _load(smoke_run)
+    for name in BALANCING:
+        scenario = _scenario(results, name)
+        assert {c["name"] for c in scenario["contenders"]} == {*CONTENDERS, twin_name(DEFAULT)}
         for c in scenario["contenders"]:
             assert len(c["runs"]) == scenario["repeats"] >= 1
             assert c["runs"][0]["calls"] > 0
 
 
-def test_every_metric_has_an_aa_control_or_says_why_not(smoke_run: Path) -> None:
+def test_the_aa_control_is_the_default_against_its_twin_in_every_scenario(
+        smoke_run: Path) -> None:
     for scenario in _load(smoke_run)["scenarios"]:
         for metric in scenario["metrics"]:
             control = scenario["comparisons"][metric]["control"]
-            if scenario["name"] == "killed":  # the pair retries differently there
-                assert control is None and "retries differently" in scenario["control_note"]
-                continue
-            assert (control["contender"], control["baseline"]) == ("random", "ray-random")
-            assert {"value", "lo", "hi"} <= control.keys()
+            assert (control["contender"], control["baseline"]) == (scenario["default"],
+                                                                   scenario["twin"])
+            assert control["value"] > 0
+            assert control["lo"] <= control["hi"] or math.isnan(control["lo"])  # one repeat
+            twin = next(c for c in scenario["contenders"] if c["name"] == scenario["twin"])
+            assert twin["family"] == "aa"  # neither a contender nor a baseline of a ratio
 
 
 def test_default_is_compared_with_the_strongest_baseline_with_an_interval(
         smoke_run: Path) -> None:
     for scenario in _load(smoke_run)["scenarios"]:
         comparison = scenario["comparisons"][scenario["metrics"][0]]
-        assert comparison["strongest"] in ("ray-random", "ActorPool")
-        r = stats.find(comparison, "pow2", comparison["strongest"])
+        baselines = {c["name"] for c in scenario["contenders"] if c["family"] == "baseline"}
+        assert comparison["strongest"] in baselines
+        r = stats.find(comparison, scenario["default"], comparison["strongest"])
         assert r is not None and r.value > 0
-        if stats.METRICS[r.metric].kind != "scalar":  # one repeat: only calls resample
-            assert r.lo <= r.hi
+        assert r.lo <= r.hi or scenario["repeats"] == 1 and math.isnan(r.lo)
 
 
 def test_straggler_is_judged_on_a_fraction_of_slow_calls_beside_p99(smoke_run: Path) -> None:
-    straggler = _load(smoke_run)["scenarios"][0]
+    straggler = _scenario(_load(smoke_run), "straggler")
     assert straggler["metrics"] == ["slow_frac", "p99_ms"]
     assert all(0 <= c["runs"][0]["slow_frac"] <= 1 for c in straggler["contenders"])
+
+
+def test_call_path_scenarios_measure_the_raw_and_pool_baselines(smoke_run: Path) -> None:
+    results = _load(smoke_run)
+    names = {s: {c["name"] for c in _scenario(results, s)["contenders"]} for s in CALL_PATH}
+    assert {"raw loop", "ray.util.ActorPool.map", "am.ActorPool.map"} <= names["map"]
+    assert {"raw, ray.get per ref", "raw, one ray.get", call_path.AM_GET} <= names[
+        "choose_burst"]
+    assert "raw" in names["sequential"]
+    sequential = _scenario(results, "sequential")
+    assert sequential["metrics"][0] == "p50_ms"
+    assert all(c["runs"][0]["p50_ms"] > 0 for c in sequential["contenders"])
+
+
+def test_the_hedged_batch_counts_executions_and_its_lower_bound(smoke_run: Path) -> None:
+    scenario = _scenario(_load(smoke_run), "hedged")
+    assert scenario["default"] == hedged.headline_contender()
+    for c in scenario["contenders"]:
+        run = c["runs"][0]
+        assert run["executions_per_call"] >= 1.0  # counted in the actors: every call ran
+        assert run["makespan_over_bound"] >= 1.0 - 1e-9
+
+
+def test_several_drivers_report_p99_and_peaks_in_flight(smoke_run: Path) -> None:
+    scenario = _scenario(_load(smoke_run), "drivers")
+    assert scenario["default"] == drivers.headline_contender()
+    assert {c["name"] for c in scenario["contenders"]} >= {drivers.ONE, drivers.RANDOM,
+                                                           drivers.OWN}
+    for c in scenario["contenders"]:
+        assert c["runs"][0]["peak_over_mean"] >= 1.0 and c["runs"][0]["lost"] == 0
 
 
 def test_headline_names_commit_contender_baseline_interval_and_control(smoke_run: Path) -> None:
     text = (smoke_run / "headline.md").read_text()
     assert f"`{_load(smoke_run)['git']['commit']}`" in text
-    assert "(pow2) ÷ strongest baseline" in text and "A/A: am random ÷ random.choice" in text
+    assert f"default ({DEFAULT}) ÷ strongest baseline" in text
+    assert "A/A: default ÷ its twin" in text
     assert "One actor 20× slower · calls slower than 10× the mean service time" in text
-    assert "vs ActorPool" in text or "vs random.choice" in text
+    assert "map over no-op items · throughput" in text
+    assert "One call at a time · median latency" in text
+    assert "throughput, choose burst, one am.get ÷" in text
     assert "×  [" not in text and "× [" in text  # ratios carry their interval
+
+
+def test_the_library_overhead_is_a_table_of_its_own(smoke_run: Path) -> None:
+    rows = headline.overhead_rows(_load(smoke_run))
+    assert [r[0] for r in rows][:2] == ["One actor 20× slower · calls slower than 10× the mean "
+                                        "service time", "Tiny calls: no-op · throughput"]
+    killed = next(r for r in rows if r[0].startswith("An actor killed"))
+    assert "retries differently" in killed[1]
+    assert "library overhead" in (smoke_run / "headline.md").read_text()
+
+
+def test_report_states_the_noise_floor_and_its_repeats(smoke_run: Path) -> None:
+    text = (smoke_run / "report.md").read_text()
+    assert "## The noise floor" in text and "calls 1.2×" in text
 
 
 def test_simulation_is_checked_against_queueing_theory(smoke_run: Path) -> None:
@@ -130,7 +201,7 @@ def test_the_simulation_makes_the_reference_decisions(smoke_run: Path) -> None:
 
 
 def test_report_can_be_rebuilt_from_results_json(smoke_run: Path, tmp_path: Path) -> None:
-    assert bench.main(["--report", str(smoke_run / "results.json"), "--out", str(tmp_path)]) == 0
+    assert cli.main(["--report", str(smoke_run / "results.json"), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "report.md").read_text().startswith("# actormesh benchmark results")
     assert (tmp_path / "headline.md").read_text() == (smoke_run / "headline.md").read_text()
 
@@ -162,20 +233,162 @@ def test_the_heap_twin_makes_the_native_decisions_queue_included(policy: str) ->
     assert native.in_flight() == twin.in_flight()
 
 
+def _ratio(value: float, lo: float, hi: float) -> stats.Ratio:
+    return stats.Ratio("p99_ms", "pow2", "ActorPool", value, lo, hi)
+
+
 def test_a_ratio_inside_the_aa_noise_is_no_difference() -> None:
-    control = stats.Ratio("p99_ms", "random", "ray-random", 1.1, 0.8, 1.4)
-    def r(value: float, lo: float, hi: float) -> stats.Ratio:
-        return stats.Ratio("p99_ms", "pow2", "ActorPool", value, lo, hi)
-    assert stats.verdict(r(1.3, 1.2, 1.5), control) == stats.NO_DIFFERENCE
-    assert stats.verdict(r(2.0, 1.5, 2.5), control) == "better"
-    assert stats.verdict(r(0.7, 0.6, 0.75), control) == "worse"
-    # Without a control the band is 1 alone.
-    assert stats.verdict(r(1.3, 1.2, 1.5), None) == "better"
+    control = stats.Ratio("p99_ms", "pow2", "pow2 (A/A)", 1.1, 0.8, 1.4)
+    assert stats.verdict(_ratio(1.3, 1.2, 1.5), control) == stats.NO_DIFFERENCE
+    assert stats.verdict(_ratio(2.0, 1.5, 2.5), control) == "better"
+    assert stats.verdict(_ratio(0.7, 0.6, 0.75), control) == "worse"
+
+
+def test_a_ratio_whose_interval_holds_1_is_no_difference_even_outside_the_noise() -> None:
+    control = stats.Ratio("p99_ms", "pow2", "pow2 (A/A)", 1.0, 0.9, 1.1)
+    assert stats.verdict(_ratio(1.3, 0.95, 1.6), control) == stats.NO_DIFFERENCE
+    assert stats.verdict(_ratio(0.7, 0.5, 1.02), control) == stats.NO_DIFFERENCE
+
+
+def test_an_aa_interval_within_15_percent_calls_a_1_2x_difference() -> None:
+    control = stats.Ratio("p99_ms", "pow2", "pow2 (A/A)", 1.0, 0.87, 1.15)
+    assert stats.verdict(_ratio(1.2, 1.05, 1.36), control) == "better"
+    assert stats.verdict(_ratio(1 / 1.2, 1 / 1.36, 1 / 1.05), control) == "worse"
+
+
+def test_without_a_control_the_noise_band_is_1_alone() -> None:
+    assert stats.verdict(_ratio(1.3, 1.2, 1.5), None) == "better"
+
+
+def _runs(latencies: list[list[float]]) -> list[stats.RunSample | None]:
+    import numpy as np
+
+    return [stats.RunSample(np.array(lat), np.zeros(len(lat), dtype=bool), {}, {})
+            for lat in latencies]
+
+
+def test_ratios_are_paired_by_repeat() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    plans = [list(rng.exponential(10.0 * (1 + r), 200)) for r in range(6)]  # repeats differ
+    samples = {"fast": _runs(plans), "slow": _runs([[2 * v for v in p] for p in plans]),
+               "same": _runs(plans)}
+    block = stats.compare(samples, ["p99_ms"], contenders=["fast"], baselines=["slow"],
+                          control=("fast", "same"))["p99_ms"]
+    r = stats.find(block, "fast", "slow")
+    assert r is not None and r.lo == pytest.approx(2.0) and r.hi == pytest.approx(2.0)
+    control = stats.control_of(block)
+    assert control is not None and (control.lo, control.hi) == (1.0, 1.0)
+
+
+def test_a_repeat_the_machine_stalled_in_is_trimmed() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    plans = [list(rng.exponential(10.0, 300)) for _ in range(10)]
+    stalled = [[v * (10 if r == 3 else 1) for v in p] for r, p in enumerate(plans)]
+    block = stats.compare({"a": _runs(plans), "b": _runs(stalled)}, ["p99_ms"],
+                          contenders=["a"], baselines=["b"], control=None)["p99_ms"]
+    r = stats.find(block, "a", "b")
+    assert r is not None and r.value == pytest.approx(1.0)
+
+
+def test_a_contender_that_sat_repeats_out_is_compared_on_the_shared_ones() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    plans = [list(rng.exponential(10.0, 100)) for _ in range(4)]
+    sparse = [run if i % 2 else None for i, run in enumerate(_runs([[3 * v for v in p]
+                                                                    for p in plans]))]
+    block = stats.compare({"a": _runs(plans), "b": sparse}, ["p50_ms"], contenders=["a"],
+                          baselines=["b"], control=None)["p50_ms"]
+    r = stats.find(block, "a", "b")
+    assert r is not None and r.value == pytest.approx(3.0)
+
+
+def test_a_fraction_with_no_counted_calls_gives_a_finite_ratio() -> None:
+    import numpy as np
+
+    def runs(slow: int) -> list[stats.RunSample | None]:
+        flags = np.array([1.0] * slow + [0.0] * (100 - slow))
+        return [stats.RunSample(np.zeros(100), np.zeros(100, dtype=bool),
+                                {"slow_frac": flags}, {}) for _ in range(4)]
+
+    block = stats.compare({"none": runs(0), "some": runs(10)}, ["slow_frac"],
+                          contenders=["none"], baselines=["some"], control=None)["slow_frac"]
+    r = stats.find(block, "none", "some")
+    assert r is not None and r.value == pytest.approx((10.5 / 101) / (0.5 / 101))
+    assert block["estimates"]["none"]["value"] == 0.0
+
+
+def test_a_failed_call_has_no_latency_but_counts_as_lost() -> None:
+    import numpy as np
+
+    from benchmarks.harness.driver import Run
+
+    n = 4
+    run = Run(planned_s=np.arange(n) * 0.1, duration_s=np.full(n, 0.01), sent=np.arange(n) * 0.1,
+              ended=np.array([0.01, 0.12, math.nan, 0.31]), ok=np.array([True, False, False, True]),
+              rank=np.zeros(n, dtype=np.int64), took_s=np.full(n, 0.01), start=0.0,
+              deadline=5.0, errors=[], events={})
+    m = metrics.run_metrics(run, warmup_s=0.0, slowdowns=[1.0], slow_ms=25.0)
+    sample = metrics.sample(run, m, 0.0, slow_ms=25.0)
+    assert np.isnan(sample.latencies_ms[1])  # failed: in its place in the plan, no latency
+    assert sample.censored.tolist() == [False, False, True, False]
+    assert sample.flags["lost_frac"].tolist() == [0.0, 1.0, 1.0, 0.0]
+    assert sample.flags["slow_frac"][2] == 1.0 and np.isnan(sample.flags["slow_frac"][1])
+
+
+def test_contenders_take_turns_in_a_fresh_order_every_repeat() -> None:
+    names = list("ABCDE")
+    orders = [turns.order(names, r, "scenario") for r in range(6)]
+    assert all(sorted(o) == names for o in orders)
+    assert len({tuple(o) for o in orders}) > 1
+    assert orders == [turns.order(names, r, "scenario") for r in range(6)]  # seeded
+
+
+def test_peaks_in_flight_count_calls_sent_and_not_yet_ended() -> None:
+    import numpy as np
+
+    sent = np.array([0.0, 0.1, 0.2, 0.0, 1.0])
+    ended = np.array([1.0, 0.3, 0.25, 0.5, 1.5])
+    rank = np.array([0, 0, 0, 1, 1])
+    assert drivers.peak_in_flight(sent, ended, rank, 3).tolist() == [3.0, 1.0, 0.0]
+
+
+def test_headline_and_report_text_import_no_report_document() -> None:
+    code = ("import sys, benchmarks.report.headline; "
+            "print('benchmarks.report.document' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parents[1], check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("script", ["choose_overhead", "queued_send", "death_notice",
+                                    "shard_transfer", "jax_broadcast", "torch_world",
+                                    "pool_routing", "pool_map", "async_trainer"])
+def test_every_side_script_keeps_its_entry_point(script: str) -> None:
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.side.{script}")
+    assert callable(module.main)
+    assert f"python -m benchmarks.side.{script}" in (module.__doc__ or "")
+
+
+def test_list_names_the_prepared_scenarios_and_what_they_wait_for(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name in (*BALANCING, *CALL_PATH, "decision_cost", "pool_map"):
+        assert f"\n{name} " in f"\n{out}"
+    if not hedged.HEDGE:
+        assert "hedge=True" in out.split("\nhedged")[1].splitlines()[0]
+    if not drivers.CONNECT:
+        assert "connect" in out.split("\ndrivers")[1].splitlines()[0]
 
 
 def test_a_side_scenario_headline_gets_the_same_verdict_rule() -> None:
-    from benchmarks import headline
-
     results = {"side": [{"name": "t", "title": "Trainer", "result": {"headline": {
         "what": "samples/s, async ÷ sync", "median": 2.0, "min": 1.8, "max": 2.2,
         "aa_noise": 0.05}}}]}
@@ -201,7 +414,7 @@ def test_simulated_batch_never_beats_its_lower_bound() -> None:
 def test_percentiles_count_unfinished_calls_as_lower_bounds() -> None:
     import numpy as np
 
-    from benchmarks.driver import Run
+    from benchmarks.harness.driver import Run
 
     n = 4
     run = Run(planned_s=np.zeros(n), duration_s=np.full(n, 0.01), sent=np.zeros(n),

@@ -355,6 +355,20 @@ def _served_by_each(pool: EnginePool, max_tokens: int) -> list[tuple[list[int], 
 
 
 @pytest.mark.usefixtures("ray_cluster")
+def test_a_version_that_is_not_newer_than_the_served_one_is_refused_before_any_load(
+    pool: EnginePool,
+) -> None:
+    served = pool.update_weights(fake_checkpoint(fake_spec())).get(timeout=60)
+    rigged = np.full((1000, 8), 0.5, np.float32)
+    for stale in (served, served - 1):
+        with pytest.raises(ValueError, match=f"version={stale}: the engines serve weights "
+                                             f"version {served}"):
+            pool.update_weights({"lm_head.weight": rigged}, version=stale).get(timeout=60)
+    assert pool.weight_version == served
+    _check(pool.generate(PROMPT, {"max_tokens": 6}).get(timeout=60), PROMPT, 6)
+
+
+@pytest.mark.usefixtures("ray_cluster")
 def test_a_load_failing_on_one_engine_is_undone_everywhere_and_its_version_never_reused(
     pool: EnginePool,
 ) -> None:

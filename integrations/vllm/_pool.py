@@ -371,12 +371,15 @@ class EnginePool:
         the current weights. While generating, the pool pauses (`"keep"`), loads, and resumes:
         later tokens carry the new version. Returns it: `version` (the caller's own numbering,
         e.g. a trainer's step), or by default the next ticket, one more than any version the
-        pool has handed out, so a number never names two weight sets.
+        pool has handed out. A number never names two weight sets: a given `version` must be
+        newer than the weights the engines serve (`weight_version`, 0 for the weights they
+        started with), else `ValueError` before anything is loaded.
 
         All or nothing: if an engine fails to load (or times out), the update is undone before
         generation resumes (every engine serves the weights it served before, with their
         version) and `WeightUpdateError` says what happened on each engine; so does
-        `stats()["weight_update"]`. Its version number is spent even then.
+        `stats()["weight_update"]`. No token ever carried its version; the pool never hands
+        that number out again (a caller may give it again, for other weights).
         """
         if not isinstance(weights, (Mapping, ray.ObjectRef)):
             raise TypeError(f"weights: must be a mapping of name to tensor or an ObjectRef, "
@@ -411,6 +414,11 @@ class EnginePool:
         full = {**await self._current(_weights.missing_members(set(tensors), spec), timeout),
                 **tensors}
         blob, ref = await asyncio.to_thread(self._pack_and_put, full, spec)
+        if version is not None and version <= self.weight_version:
+            raise ValueError(
+                f"version={version}: the engines serve weights version {self.weight_version}; "
+                "a version must be newer, so that no number names two weight sets (pass no "
+                "version to let the pool number the update)")
         ticket = self._issued + 1 if version is None else version
         self._issued = max(self._issued, ticket)
         was_paused = self._paused is not None

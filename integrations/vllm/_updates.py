@@ -3,8 +3,8 @@
 An update is all or nothing. Each engine's load ends one way (`Outcome`); unless every live
 engine loaded, the update is undone: the engines that loaded, or tried to, load the weights
 every engine served before, and an engine that cannot (its load timed out and may still land,
-or its rollback failed) is restarted, to come back with those weights. The version number the
-update was given is then spent: the pool never gives it to other weights.
+or its rollback failed) is restarted, to come back with those weights. No token carries the
+version number the update was given, and the pool never hands that number out again.
 """
 
 from __future__ import annotations
@@ -54,14 +54,15 @@ class WeightUpdate:
 
 class WeightUpdateError(am.MeshError):
     """A weight update that not every live engine loaded: it was undone (every engine serves the
-    weights it served before, with their version), and its version number is spent. `report`
+    weights it served before, with their version), and no token carries its version. `report`
     says what happened on each engine."""
 
     def __init__(self, report: WeightUpdate, serving: int) -> None:
         self.report = report
         self.version = report.version
         super().__init__(f"{report}. The update was undone: every engine serves weights "
-                         f"version {serving} again, and version {report.version} is not reused")
+                         f"version {serving} again, and no token carries version "
+                         f"{report.version}")
 
 
 def outcome(rank: int, value: Any) -> EngineUpdate:

@@ -1,0 +1,88 @@
+"""The sizes each mode of `python -m benchmarks` runs at: `--quick` (what `make bench` runs),
+`--full` (a bigger machine or an existing cluster) and `--smoke` (the test suite).
+
+Repeats are what the intervals resample, so `quick` spends its minutes on many short repeats
+rather than a few long ones: on two shared cores that is what narrows the A/A interval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    mode: str
+    # -- the balancing scenarios (benchmarks/scenarios/balancing.py) ----------------------------
+    actors: int = 8  # shared by every contender
+    actor_cpus: float = 0.1
+    repeats: int = 10  # repeats per scenario
+    # The default, its twin and the baselines play every repeat, the library's other policies
+    # every n-th (in turns, so each repeat holds some); 1: every contender every repeat.
+    others_every: int = 2
+    warmup_s: float = 0.1  # calls planned before this are sent but not measured
+    measure_s: float = 0.45
+    mean_s: float = 0.010  # mean service time of the latency scenarios
+    drain_s: float = 0.6  # wait after the last send; calls still out count at it (lower bounds)
+    batch_drain_s: float = 20.0  # the same for batches and tiny calls, which must all finish
+    batch_calls: int = 96
+    batch_mean_s: float = 0.010
+    batch_repeats: int = 6
+    tiny_calls: int = 800
+    tiny_repeats: int = 8  # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`
+    fault_measure_s: float = 1.5  # with its drain, long enough for Ray to restart the actor
+    fault_drain_s: float = 1.5
+    fault_repeats: int = 2  # each kills an actor per contender: a restart costs ~0.6 s
+    calibration_rounds: int = 2
+    # Left out unless named by --only (quick: the time goes to repeats instead; uniform load at
+    # 50%, a second heavy tail, CPU-bound tiny calls and a batch on equal actors say least about
+    # the balancer).
+    skip: tuple[str, ...] = ("uniform50", "pareto", "tiny_100us", "batch")
+    # -- the call-path scenarios (benchmarks/scenarios/call_path.py) ---------------------------
+    call_actors: int = 4
+    call_repeats: int = 10
+    map_items: int = 1500
+    burst_calls: int = 2000
+    sequential_calls: int = 300
+    # -- prepared scenarios (benchmarks/scenarios/hedged.py, drivers.py) -----------------------
+    hedge_calls: int = 160
+    hedge_repeats: int = 8
+    drivers_measure_s: float = 3.0
+    drivers_repeats: int = 5
+    # -- without Ray (benchmarks/without_ray/) ---------------------------------------------
+    sim_actors: int = 4096
+    sim_calls: int = 100_000
+    sim_ref_actors: int = 64
+    sim_ref_calls: int = 20_000
+    dc_sizes: tuple[int, ...] = (16, 256, 4096)
+    dc_decisions: int = 100_000
+    dc_budget_s: float = 0.1
+    # The simulation against queueing theory: loads, and per policy the simulated actors and
+    # the measured span in mean service times (after the warm-up).
+    theory_loads: tuple[float, ...] = (0.7, 0.9, 0.95)
+    theory_random: tuple[int, float] = (16, 6000.0)
+    theory_pow2: tuple[int, float] = (512, 200.0)
+
+
+QUICK = Config("quick")
+FULL = Config(
+    "full", actors=16, repeats=12, others_every=1, warmup_s=1.0, measure_s=4.0, drain_s=10.0,
+    fault_drain_s=10.0, batch_drain_s=60.0,
+    batch_calls=2000, batch_repeats=10, tiny_calls=10_000, tiny_repeats=10, fault_measure_s=8.0,
+    fault_repeats=5, skip=(), call_repeats=15, map_items=20_000, burst_calls=8000,
+    sequential_calls=1000, hedge_repeats=12, drivers_measure_s=10.0, drivers_repeats=8,
+    sim_calls=1_000_000, sim_ref_actors=256, sim_ref_calls=100_000,
+    dc_sizes=(16, 64, 256, 1024, 4096), dc_decisions=1_000_000, dc_budget_s=1.0,
+    theory_random=(64, 20000.0), theory_pow2=(4096, 400.0),
+)
+SMOKE = Config(
+    "smoke", actors=2, repeats=2, warmup_s=0.05, measure_s=0.25, drain_s=1.0, fault_drain_s=1.0,
+    batch_drain_s=5.0,
+    batch_calls=20, batch_repeats=2, tiny_calls=50, tiny_repeats=2, fault_measure_s=1.0,
+    fault_repeats=1, calibration_rounds=1, call_actors=2, call_repeats=2, map_items=40,
+    burst_calls=40, sequential_calls=20, hedge_calls=24, hedge_repeats=2,
+    drivers_measure_s=0.5, drivers_repeats=2, sim_actors=32, sim_calls=2000, sim_ref_actors=8,
+    sim_ref_calls=500, dc_sizes=(16, 64), dc_decisions=2000, dc_budget_s=0.02,
+    theory_random=(8, 200.0), theory_pow2=(64, 20.0),
+)
+MODES = {c.mode: c for c in (QUICK, FULL, SMOKE)}
