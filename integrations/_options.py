@@ -20,7 +20,10 @@ class ActorOptions(TypedDict, total=False):
     runtime_env: Mapping[str, Any] | None
     placement: am.Placement | None
     max_in_flight: int | None
+    coalesce: int
     name: str | None
+    restart_timeout_s: float
+    on_restart_timeout_s: float
 
 
 class MeshOptions(ActorOptions, total=False):
