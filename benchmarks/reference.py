@@ -17,7 +17,11 @@ Shared rules, native and here:
 - least_loaded and pull: the fewest calls in flight, lowest rank on ties. pull is least_loaded
   with max_in_flight defaulting to 1, so the group queue is its central queue.
 - sed: the least (in_flight + 1) * ewma_s, then fewer calls in flight, then lowest rank.
-- adaptive: the fewest calls in flight, then the most recently sent a task, then lowest rank.
+- adaptive: the fewest calls in flight, then the fastest speed class (floor(log2(low_s)); an actor
+  whose speed is not known first), then the most recently sent a task, then lowest rank. With
+  hold_ratio > 0 and task slots it holds a call back from a free straggler (see `_holds`).
+- A call may be `idle_only` (a hedged call): it goes only to an actor with no task in flight
+  (the policy's pick, else the idle member the adaptive order puts first), else it waits.
 - Each actor holds at most max_tasks Ray tasks (0: unbounded), a task beyond the first only while
   its ewma_s is below pipeline_s (when that is > 0).
 - affinity: the key's last actor keeps the call unless its in_flight exceeds the group's least
@@ -33,6 +37,9 @@ Shared rules, native and here:
   by the weight 1 - (1 - alpha)**k (alpha for one call). The method's estimate, and the actor's
   one for the pipeline rule (`low_s`), rise RISE_SLOWER times slower than they fall: samples
   taken on the driver are inflated by its own delays, never deflated.
+- Start-up: the first sample of an incarnation (`fresh`) may only lower an estimate; an estimate
+  that has no other sample takes it provisionally, and the next sample replaces it if lower.
+  The method keeps its latest non-start-up samples (RECENT of them) for a percentile.
 """
 
 from __future__ import annotations
@@ -94,14 +101,23 @@ class ActorLoad:
     last_task: int = 0  # when it was last sent a task, counted in tasks sent
     alive: bool = True
     ewma_s: float | None = None  # None until the first sample
-    low_s: float = 0.0  # slow to rise: for the pipeline rule
+    low_s: float = 0.0  # slow to rise: for the pipeline rule and the speed class
     last_end_s: float = -math.inf
+    fresh: bool = True  # the next sample is the incarnation's first: it may include start-up
+    provisional: bool = False  # ewma_s holds one sample, which may include start-up
+
+    @property
+    def known(self) -> bool:
+        return self.ewma_s is not None and not self.provisional
 
 
 @dataclass
 class Method:
     alone: bool
     ewma_s: float | None = None
+    provisional: bool = False
+    recent: list[float] = field(default_factory=list)  # a ring of the latest samples
+    next: int = 0  # where the next sample goes once the ring is full
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,7 @@ class Queued:
     affinity: int | None
     method: int
     alone: bool
+    idle_only: bool = False
 
 
 @dataclass
@@ -118,12 +135,27 @@ class Group:
     member_set: frozenset[int]
     queue: deque[Queued] = field(default_factory=deque)
     cursor: int = 0  # round_robin
+    rated: int = 0  # members alive with a known speed
+    rate: float = 0.0  # the sum of their speeds, kept incrementally as the native core does
+    holding: bool = False  # its first call is held back from a straggler
+    hold_until: float = 0.0
 
 
 POLICIES = ("random", "round_robin", "pow2", "least_loaded", "pull", "sed", "adaptive",
             "external")
 UNMEASURED_BATCH = 4  # an unmeasured method's calls are expected to take budget / this
 RISE_SLOWER = 8.0
+RECENT = 64  # samples a method keeps for its percentile
+ENOUGH = 8  # fewer samples tell no percentile
+MIN_TIME = 1e-9
+PROBE_AFTER = 1000  # a straggler not sent a task for this many tasks gets the call
+HEDGE_SLOWER = 2.0  # a hedge never goes to an actor over this many times slower
+UNKNOWN_CLASS = -(2**31)
+
+
+def speed_class(load: ActorLoad) -> int:
+    """floor(log2(low_s)); UNKNOWN_CLASS (first in order) while the speed is not known."""
+    return math.frexp(max(load.low_s, MIN_TIME))[1] - 1 if load.known else UNKNOWN_CLASS
 
 
 def lower(estimate: float, sample: float, weight: float) -> float:
@@ -142,6 +174,7 @@ class Scheduler:
         pipeline_s: float = 0.0,
         coalesce: int = 1,
         batch_budget_s: float = 0.002,
+        hold_ratio: float = 0.0,
         seed: int = 0,
         ewma_alpha: float = 0.2,
         prior_s: float = 0.0,
@@ -173,6 +206,7 @@ class Scheduler:
         self._pipeline_s = pipeline_s
         self.coalesce = coalesce
         self._budget_s = batch_budget_s
+        self._hold_ratio = hold_ratio
         self._rng = SplitMix64(seed)
         self._alpha = ewma_alpha
         self._prior_s = prior_s
@@ -203,6 +237,8 @@ class Scheduler:
         self._memberships: list[list[int]] = [[] for _ in range(num_actors)]
         self._queued: dict[int, int] = {}  # ticket -> group
         self._next_ticket = 1
+        self._clock = 0.0  # the latest time seen
+        self._earliest_hold = math.inf
         self.add_group(list(range(num_actors)))
 
     # Groups
@@ -220,7 +256,12 @@ class Scheduler:
         if key in self._group_ids:
             return self._group_ids[key]
         group_id = len(self._groups)
-        self._groups.append(Group(ranks, frozenset(ranks)))
+        g = Group(ranks, frozenset(ranks))
+        for actor in ranks:
+            rated, rate = self._rating(actor)
+            g.rated += rated
+            g.rate += rate
+        self._groups.append(g)
         self._group_ids[key] = group_id
         for actor in ranks:
             self._memberships[actor].append(group_id)
@@ -237,26 +278,76 @@ class Scheduler:
         ewma = self._method(method).ewma_s
         return math.nan if ewma is None else ewma
 
+    def method_quantile_s(self, method: int, q: float) -> float:
+        """The ceil(q * n)-th smallest of the method's latest samples; NaN with too few."""
+        recent = self._method(method).recent
+        if not 0 < q <= 1:
+            raise ValueError(f"quantile {q}: must be in (0, 1]")
+        if len(recent) < ENOUGH:
+            return math.nan
+        rank = min(max(math.ceil(q * len(recent)), 1), len(recent))
+        return sorted(recent)[rank - 1]
+
+    def may_hold(self) -> bool:
+        return self._hold_ratio > 0 and self.policy == "adaptive" and self.max_tasks > 0
+
     # Events
 
     def submit(self, group: int, affinity: int | None = None, *, method: int = 0,
-               alone: bool = False) -> Decision:
-        """Dispatches to an eligible member, or queues when every live member is full."""
+               alone: bool = False, idle_only: bool = False,
+               now_s: float | None = None) -> Decision:
+        """Dispatches to an eligible member, or queues when every live member is full, or the
+        call must wait for an idle one, or is held back from a straggler."""
         g = self._group(group)
         self._method(method)
         key = None if affinity is None else affinity & MASK64
         if not any(self._loads[a].alive for a in g.members):
             raise NoLiveActors(f"no live actor among the {len(g.members)} actors of group {group}")
-        ticket = self._next_ticket
-        if not self._eligible_members(g) or g.queue:
-            self._next_ticket += 1
-            g.queue.append(Queued(ticket, key, method, alone))
-            self._queued[ticket] = group
-            return Decision(ticket, -1)
-        actor = self._choose(g, key)  # a picker may raise here; nothing has changed yet
+        self._see_time(now_s)
+        call = Queued(self._next_ticket, key, method, alone, idle_only)
+        actor = None
+        if self._eligible_members(g) and not g.queue:
+            actor = self._choose(g, call, 1)  # a picker may raise here; nothing has changed yet
         self._next_ticket += 1
+        if actor is None:
+            g.queue.append(call)
+            self._queued[call.ticket] = group
+            return Decision(call.ticket, -1)
         self._add_load(actor, 1, 1)
-        return Decision(ticket, actor)
+        return Decision(call.ticket, actor)
+
+    def hedge(self, group: int, first: int) -> int:
+        """An idle member other than `first`, not over HEDGE_SLOWER times slower, for a second
+        copy of a call running on `first`; -1 if none or if calls wait in the group's queue."""
+        g = self._group(group)
+        self._check_actor(first)
+        if g.queue:
+            return -1
+        target = self._idle_member(g, first)
+        if target is None:
+            return -1
+        to, running = self._loads[target], self._loads[first]
+        if to.known and running.known and to.low_s > HEDGE_SLOWER * running.low_s:
+            return -1
+        self._add_load(target, 1, 1)
+        return target
+
+    def hold_deadline_s(self) -> float:
+        return self._earliest_hold
+
+    def expire_holds(self, now_s: float) -> list[Decision]:
+        """Sends the calls whose hold is over to the actors they were held from."""
+        self._see_time(now_s)
+        out: list[Decision] = []
+        for g in self._groups:
+            if not g.holding or g.hold_until > self._clock:
+                continue
+            actor = next((a for a in g.members if self._eligible(a)), None)
+            if actor is not None:  # else the held call waits for the next slot to free
+                out += self._drain(actor)
+        self._earliest_hold = min((g.hold_until for g in self._groups if g.holding),
+                                  default=math.inf)
+        return out
 
     def complete(self, actor: int, started_s: float, ended_s: float, ok: bool, *,
                  calls: int = 1, method: int = 0, timed: bool = True) -> list[Decision]:
@@ -272,12 +363,15 @@ class Scheduler:
         if not 1 <= calls <= load.in_flight or load.tasks == 0:
             raise RuntimeError(f"complete(actor={actor}, calls={calls}): {load.in_flight} calls "
                                f"in {load.tasks} tasks in flight on actor {actor}")
+        self._see_time(ended_s)
         was = self._eligible(actor)
+        rating = self._rating(actor)
         load.in_flight -= calls
         load.tasks -= 1
         if timed:
             self._record(load, started_s, ended_s, ok, calls, self._methods[method])
         self._blocked += was - self._eligible(actor)
+        self._rerate(actor, rating)
         return self._drain(actor)
 
     def acquire(self, actor: int) -> None:
@@ -290,6 +384,8 @@ class Scheduler:
             return False
         queue = self._groups[group].queue
         queue.remove(next(call for call in queue if call.ticket == ticket))
+        if not queue:
+            self._groups[group].holding = False
         return True
 
     def mark_dead(self, actor: int) -> list[int]:
@@ -307,6 +403,7 @@ class Scheduler:
                 orphaned.append(call.ticket)
                 del self._queued[call.ticket]
             g.queue.clear()
+            g.holding = False
         return sorted(orphaned)
 
     def mark_alive(self, actor: int) -> list[Decision]:
@@ -314,6 +411,7 @@ class Scheduler:
         if self._loads[actor].alive:
             return []
         self._set_alive(actor, True)
+        self._loads[actor].fresh = True  # a new process: its first call may wait for __init__
         return self._drain(actor)
 
     # Views
@@ -335,16 +433,60 @@ class Scheduler:
 
     # Choosing
 
-    def _choose(self, g: Group, key: int | None) -> int:
+    def _choose(self, g: Group, call: Queued, waiting: int) -> int | None:
+        """The actor for `call`, or None when it must wait though a member is eligible."""
+        key = call.affinity
         if key is not None:
             last = self._affinity.get(key)
-            if last is not None and self._sticks(g, last):
+            if last is not None and self._sticks(g, last) and (
+                    not call.idle_only or self._loads[last].tasks == 0):
                 self._remember(key, last)
                 return last
         actor = self._pick(g, self._eligible_members(g), key)
+        if call.idle_only and self._loads[actor].tasks > 0:
+            idle = self._idle_member(g, -1)
+            if idle is None:
+                return None
+            actor = idle
+        if self._holds(g, actor, waiting):
+            return None
         if key is not None:
             self._remember(key, actor)
         return actor
+
+    def _idle_member(self, g: Group, exclude: int) -> int | None:
+        """The eligible member with no call in flight, other than `exclude`, that the adaptive
+        order puts first (lowest rank on ties)."""
+        idle = [a for a in g.members
+                if a != exclude and self._eligible(a) and self._loads[a].in_flight == 0]
+        return min(idle, key=lambda a: self._adaptive_key(a), default=None)
+
+    def _holds(self, g: Group, actor: int, waiting: int) -> bool:
+        """Whether a call is held back from the straggler `actor` (see the native core's
+        Scheduler::holds): it is over hold_ratio times slower than the harmonic mean of the
+        other rated members, and they are expected to take and finish the call sooner,
+        (waiting + others) / rate < its time; at most until its mean service time has passed
+        without a call leaving the queue."""
+        if not self.may_hold():
+            return False
+        load = self._loads[actor]
+        if not load.known or self._tasks_sent - load.last_task >= PROBE_AFTER:
+            return False
+        rated, speed = self._rating(actor)
+        others = g.rated - rated
+        rate = g.rate - speed
+        if others == 0 or not rate > 0:
+            return False
+        time = max(load.low_s, MIN_TIME)
+        if not time > self._hold_ratio * others / rate or not time > (waiting + others) / rate:
+            return False
+        if not g.holding:
+            assert load.ewma_s is not None
+            g.holding = True
+            g.hold_until = self._clock + load.ewma_s
+            self._earliest_hold = min(self._earliest_hold, g.hold_until)
+            return True
+        return self._clock < g.hold_until
 
     def _sticks(self, g: Group, actor: int) -> bool:
         """Whether an affinity key stays on `actor`: both escape margins must be exceeded to move."""
@@ -404,7 +546,11 @@ class Scheduler:
         return min(eligible, key=expected_delay)
 
     def _pick_adaptive(self, g: Group, eligible: Sequence[int], key: int | None) -> int:
-        return min(eligible, key=lambda a: (self._loads[a].in_flight, -self._loads[a].last_task))
+        return min(eligible, key=self._adaptive_key)
+
+    def _adaptive_key(self, actor: int) -> tuple[int, int, int]:
+        load = self._loads[actor]
+        return (load.in_flight, speed_class(load), -load.last_task)
 
     def _pick_external(self, g: Group, eligible: Sequence[int], key: int | None) -> int:
         assert self._picker is not None
@@ -426,28 +572,37 @@ class Scheduler:
     # Queues
 
     def _drain(self, actor: int) -> list[Decision]:
-        """Dispatches queued calls while a group of `actor` has both a queue and a free slot."""
+        """Dispatches queued calls while a group of `actor` has both a queue and a free slot (and
+        its first call need not wait)."""
         dispatched: list[Decision] = []
         failed: list[int] = []
         error: Exception | None = None
+        waiting: set[int] = set()  # groups whose first call waits though a member is eligible
         while True:
             ready = [
-                self._groups[group]
-                for group in self._memberships[actor]
-                if self._groups[group].queue and self._eligible_members(self._groups[group])
+                group for group in self._memberships[actor]
+                if group not in waiting and self._groups[group].queue
+                and self._eligible_members(self._groups[group])
             ]
             if not ready:
                 break
-            g = min(ready, key=lambda group: group.queue[0].ticket)
+            group = min(ready, key=lambda i: self._groups[i].queue[0].ticket)
+            g = self._groups[group]
             call = g.queue.popleft()
             del self._queued[call.ticket]
             try:
-                chosen = self._choose(g, call.affinity)
+                chosen = self._choose(g, call, len(g.queue) + 1)
             except Exception as err:  # noqa: BLE001 - any picker failure fails only this call
                 error = error or err
                 failed.append(call.ticket)
                 continue
+            if chosen is None:  # it waits, first in line still
+                g.queue.appendleft(call)
+                self._queued[call.ticket] = group
+                waiting.add(group)
+                continue
             self._add_load(chosen, 1, 1)
+            g.holding = False
             dispatched.append(self._batch(chosen, call))
         if error is not None:
             raise PickerError(
@@ -474,6 +629,7 @@ class Scheduler:
                 break
             budget -= self._expected_s(mate)
             g.queue.popleft()
+            g.holding = False
             del self._queued[mate.ticket]
             self._add_load(actor, 1, 0)
             if mate.affinity is not None:
@@ -482,7 +638,7 @@ class Scheduler:
         return Decision(first.ticket, actor, tuple(tickets) if len(tickets) > 1 else ())
 
     def _may_ride(self, call: Queued) -> bool:
-        return not call.alone and not self._methods[call.method].alone
+        return not call.alone and not call.idle_only and not self._methods[call.method].alone
 
     def _expected_s(self, call: Queued) -> float:
         ewma = self._methods[call.method].ewma_s
@@ -518,30 +674,76 @@ class Scheduler:
 
     def _set_alive(self, actor: int, alive: bool) -> None:
         was = self._eligible(actor)
+        rating = self._rating(actor)
         self._loads[actor].alive = alive
         self._blocked += was - self._eligible(actor)
+        self._rerate(actor, rating)
+
+    def _rating(self, actor: int) -> tuple[int, float]:
+        """(1, its speed 1 / low_s) for an alive actor whose speed is known, else (0, 0.0)."""
+        load = self._loads[actor]
+        if not (load.alive and load.known):
+            return 0, 0.0
+        return 1, 1.0 / max(load.low_s, MIN_TIME)
+
+    def _rerate(self, actor: int, before: tuple[int, float]) -> None:
+        """Carries a change of the actor's rating into its groups' sums, as the native core."""
+        rated, rate = self._rating(actor)
+        for group in self._memberships[actor]:
+            g = self._groups[group]
+            g.rated += rated - before[0]
+            g.rate = 0.0 if g.rated == 0 else g.rate + (rate - before[1])
+
+    def _see_time(self, now_s: float | None) -> None:
+        if now_s is not None and now_s > self._clock:
+            self._clock = now_s
 
     def _record(self, load: ActorLoad, started_s: float, ended_s: float, ok: bool, calls: int,
                 method: Method) -> None:
         """Service time per call: from the later of the task's start and the actor's previous
-        completion, shared equally by its calls, each one sample."""
+        completion, shared equally by its calls, each one sample. A start-up sample (the
+        incarnation's first) may lower an estimate, never raise it; a provisional estimate is
+        replaced by a lower next sample."""
         sample = (ended_s - max(started_s, load.last_end_s)) / calls
         load.last_end_s = max(load.last_end_s, ended_s)
         if not ok or sample < 0:
             return
+        startup, load.fresh = load.fresh, False
         weight = self._alpha if calls == 1 else 1.0 - (1.0 - self._alpha) ** calls
         if load.ewma_s is None:  # the first sample moves the prior like any other
             prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
             load.ewma_s = prior + weight * (sample - prior)
             load.low_s = sample
+            load.provisional = startup
             self._ewma_sum += load.ewma_s
             self._measured += 1
-        else:
+        elif load.provisional and sample < load.ewma_s:
+            load.provisional = startup
+            self._ewma_sum += sample - load.ewma_s
+            load.ewma_s = sample
+            load.low_s = sample
+        elif not startup or sample < load.ewma_s:
             old = load.ewma_s
             load.ewma_s = old + weight * (sample - old)
-            load.low_s = lower(load.low_s, sample, weight)
+            low = lower(load.low_s, sample, weight)
+            load.low_s = min(load.low_s, low) if startup else low
+            load.provisional = load.provisional and startup
             self._ewma_sum += load.ewma_s - old
-        method.ewma_s = sample if method.ewma_s is None else lower(method.ewma_s, sample, weight)
+        if method.ewma_s is None:
+            method.ewma_s = sample
+            method.provisional = startup
+        elif method.provisional and not startup and sample < method.ewma_s:
+            method.ewma_s = sample
+            method.provisional = False
+        elif not startup or sample < method.ewma_s:
+            method.ewma_s = lower(method.ewma_s, sample, weight)
+            method.provisional = method.provisional and startup
+        if not startup:
+            if len(method.recent) < RECENT:
+                method.recent.append(sample)
+            else:
+                method.recent[method.next] = sample
+            method.next = (method.next + 1) % RECENT
 
     def _latency(self, actor: int) -> float:
         ewma = self._loads[actor].ewma_s

@@ -279,7 +279,8 @@ NB_MODULE(_native, m) {
           "__init__",
           [](PyScheduler* self, int64_t num_actors, std::string policy, int64_t max_in_flight,
              int64_t max_tasks, double pipeline_s, int64_t coalesce, double batch_budget_s,
-             uint64_t seed, double ewma_alpha, double prior_s, int64_t affinity_abs,
+             double hold_ratio, uint64_t seed, double ewma_alpha, double prior_s,
+             int64_t affinity_abs,
              double affinity_rel, int64_t affinity_capacity, bool sticky, int64_t eject_after,
              double eject_base_s, double eject_max_s, std::optional<nb::callable> picker) {
             SchedulerConfig config;
@@ -290,6 +291,7 @@ NB_MODULE(_native, m) {
             config.pipeline_s = pipeline_s;
             config.coalesce = coalesce;
             config.batch_budget_s = batch_budget_s;
+            config.hold_ratio = hold_ratio;
             config.seed = seed;
             config.ewma_alpha = ewma_alpha;
             config.prior_s = prior_s;
@@ -309,7 +311,7 @@ NB_MODULE(_native, m) {
           },
           "num_actors"_a, "policy"_a = "pow2", nb::kw_only(), "max_in_flight"_a = 0,
           "max_tasks"_a = 0, "pipeline_s"_a = 0.0, "coalesce"_a = 1, "batch_budget_s"_a = 0.002,
-          "seed"_a = 0, "ewma_alpha"_a = 0.2, "prior_s"_a = 0.0, "affinity_abs"_a = 2,
+          "hold_ratio"_a = 0.0, "seed"_a = 0, "ewma_alpha"_a = 0.2, "prior_s"_a = 0.0, "affinity_abs"_a = 2,
           "affinity_rel"_a = 1.5, "affinity_capacity"_a = 65536, "sticky"_a = true,
           "eject_after"_a = 0,
           "eject_base_s"_a = 1.0, "eject_max_s"_a = 30.0, "picker"_a = nb::none())
@@ -344,6 +346,12 @@ NB_MODULE(_native, m) {
           },
           "method"_a)
       .def(
+          "method_quantile_s",
+          [](PyScheduler& s, int64_t method, double q) {
+            return with_gil_rule(s, [&] { return s.method_quantile_s(method, q); });
+          },
+          "method"_a, "q"_a)
+      .def(
           "batch_size",
           [](PyScheduler& s, int64_t method) {
             return with_gil_rule(s, [&] { return s.batch_size(method); });
@@ -352,21 +360,35 @@ NB_MODULE(_native, m) {
       .def(
           "submit",
           [](PyScheduler& s, int64_t group, nb::handle affinity, nb::object payload,
-             std::optional<double> now_s, int64_t method, bool alone) {
+             std::optional<double> now_s, int64_t method, bool alone, bool idle_only) {
             const std::optional<uint64_t> key = affinity_key(affinity);
             const double now = now_s.value_or(std::numeric_limits<double>::quiet_NaN());
             const Decision d = with_gil_rule(s, [&] {
-              return s.submit(group, key, to_core(payload), now, method, alone);
+              return s.submit(group, key, to_core(payload), now, method, alone, idle_only);
             });
             // Queued: the core keeps the payload, and with it one reference.
             if (d.actor < 0 && !payload.is_none()) payload.release();
             return PyDecision{d.ticket, d.actor, nb::none(), {d.ticket}, nb::list()};
           },
           "group"_a, "affinity"_a = nb::none(), "payload"_a = nb::none(),
-          "now_s"_a = nb::none(), "method"_a = 0, "alone"_a = false,
+          "now_s"_a = nb::none(), "method"_a = 0, "alone"_a = false, "idle_only"_a = false,
           nb::sig("def submit(self, group: int, affinity: int | None = None, "
                   "payload: object = None, now_s: float | None = None, method: int = 0, "
-                  "alone: bool = False) -> Decision"))
+                  "alone: bool = False, idle_only: bool = False) -> Decision"))
+      .def(
+          "hedge",
+          [](PyScheduler& s, int64_t group, int64_t first) {
+            return with_gil_rule(s, [&] { return s.hedge(group, first); });
+          },
+          "group"_a, "first"_a)
+      .def("hold_deadline_s",
+           [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.hold_deadline_s(); }); })
+      .def(
+          "expire_holds",
+          [](PyScheduler& s, double now_s) {
+            return finish(with_gil_rule(s, [&] { return s.expire_holds(now_s); }));
+          },
+          "now_s"_a)
       .def(
           "complete",
           [](PyScheduler& s, int64_t actor, double started_s, double ended_s, bool ok,
@@ -449,7 +471,10 @@ NB_MODULE(_native, m) {
       .def_prop_ro("policy", [](const PyScheduler& s) { return s.policy(); })
       .def_prop_ro("max_in_flight", [](const PyScheduler& s) { return s.max_in_flight(); })
       .def_prop_ro("max_tasks", [](const PyScheduler& s) { return s.max_tasks(); })
-      .def_prop_ro("coalesce", [](const PyScheduler& s) { return s.coalesce(); });
+      .def_prop_ro("coalesce", [](const PyScheduler& s) { return s.coalesce(); })
+      .def_prop_ro("affinity_capacity",
+                   [](const PyScheduler& s) { return s.affinity_capacity(); })
+      .def_prop_ro("may_hold", [](const PyScheduler& s) { return s.may_hold(); });
 
   m.def("measure_decision_ns", &actormesh::measure_decision_ns, "policy"_a, "num_actors"_a,
         "decisions"_a, "seed"_a = 0, nb::call_guard<nb::gil_scoped_release>(),

@@ -20,6 +20,7 @@ struct QueuedCall {
   uint64_t payload;
   uint32_t method = 0;  // whose service time it is expected to take
   bool alone = false;   // never rides a batch (its method says so, or its caller)
+  bool idle_only = false;  // goes only to an actor with no task in flight (a hedged call)
 };
 
 struct Group {
@@ -28,9 +29,19 @@ struct Group {
   uint32_t eligible = 0;          // members alive with a free slot
   uint32_t preferred = 0;         // eligible members not ejected: what the policy picks among
   LoadHistogram preferred_loads;  // in_flight of the preferred members
-  // FIFO. Non-empty only while `eligible` is 0, or for an instant between a completion and the
-  // drain it defers (a Python picker must not run on the thread that completes calls).
+  // The members whose speed is known (alive, not ejected, measured beyond start-up): how many,
+  // and the sum of their speeds (1 / low_s), i.e. the calls per second they serve together.
+  uint32_t rated = 0;
+  double rate = 0.0;
+  // FIFO. Non-empty while `eligible` is 0; or while its first call waits though a member is
+  // eligible: held back from a straggler (`holding`) or, being hedged, for an idle actor; or
+  // for an instant between a completion and the drain it defers (a Python picker must not run
+  // on the thread that completes calls).
   std::list<QueuedCall> queue;
+  // The first call is held back from an eligible straggler, at the latest until `hold_until`
+  // (the scheduler's clock): then it goes to the straggler, even if no faster actor has freed.
+  bool holding = false;
+  double hold_until = 0.0;
   std::unique_ptr<Policy> policy;
   uint32_t users = 0;  // add_group calls not yet matched by remove_group; at 0 with calls
                        // queued, it stays (for them) until its queue is empty

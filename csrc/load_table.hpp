@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
+
+#include "recent_times.hpp"
 
 namespace actormesh {
 
@@ -19,8 +22,12 @@ struct ActorLoad {
   uint64_t last_task = 0;  // when it was last sent a task, counted in tasks sent to the mesh
   Status status = Status::alive;
   bool measured = false;   // ewma_s holds at least one sample
+  // The next completion is this incarnation's first: its call may have waited for the actor's
+  // __init__, so its sample may include start-up (see LoadTable::record).
+  bool fresh = true;
+  bool provisional = false;  // ewma_s holds one sample only, which may include start-up
   double ewma_s = 0.0;     // moving average of service time, seconds
-  double low_s = 0.0;      // the same, slow to rise (see `lower`): for the pipeline rule
+  double low_s = 0.0;      // the same, slow to rise (see `lower`): pipeline rule, speed class
   double last_end_s = -std::numeric_limits<double>::infinity();  // latest completion seen
   // Outlier ejection: an actor that failed `eject_after` calls in a row is passed over until
   // `ejected_until`, as long as another eligible member can take the call.
@@ -31,6 +38,8 @@ struct ActorLoad {
 
   bool alive() const { return status == Status::alive; }
   bool live() const { return status != Status::dead; }
+  // Measured beyond a first sample that may include start-up: its speed can be trusted.
+  bool known() const { return measured && !provisional; }
 };
 
 // What the scheduler learns of one method (of every actor): its service time per call, and
@@ -38,7 +47,9 @@ struct ActorLoad {
 struct MethodLoad {
   bool alone = false;  // declared never to be batched
   bool measured = false;
+  bool provisional = false;  // ewma_s holds one sample only, which may include start-up
   double ewma_s = 0.0;  // service time per call, seconds, slow to rise (see `lower`)
+  RecentTimes recent;   // the latest samples, for a percentile (the hedge delay)
 };
 
 // A moving average that falls as an EWMA does and rises `kRiseSlower` times slower. A sample
@@ -51,6 +62,10 @@ constexpr double kRiseSlower = 8.0;
 inline double lower(double estimate, double sample, double weight) {
   return estimate + (sample < estimate ? weight : weight / kRiseSlower) * (sample - estimate);
 }
+
+// The shortest service time the core reasons with: a sample of 0 s (a completion reported at the
+// instant of its send) must not make an actor infinitely fast.
+constexpr double kMinTime = 1e-9;
 
 // How many Ray tasks an actor may hold at once: the pipeline depth.
 struct TaskLimits {
@@ -92,6 +107,7 @@ class LoadTable {
     ActorLoad& a = actors_[actor];
     a.status = status;
     if (status == Status::alive) {
+      a.fresh = true;  // a new process: its first call may wait for its __init__
       a.failures_in_a_row = 0;
       a.ejections = 0;
       a.ejected = false;
@@ -119,11 +135,15 @@ class LoadTable {
 
   // Registers a method; its id indexes `method`. Method 0 exists from the start: any call.
   uint32_t add_method(bool alone) {
-    methods_.push_back(MethodLoad{alone, false, 0.0});
+    MethodLoad method;
+    method.alone = alone;
+    methods_.push_back(std::move(method));
     return static_cast<uint32_t>(methods_.size() - 1);
   }
   uint32_t num_methods() const { return static_cast<uint32_t>(methods_.size()); }
   const MethodLoad& method(uint32_t id) const { return methods_[id]; }
+  // Tasks sent to the mesh so far: the clock `ActorLoad::last_task` is read on.
+  uint64_t tasks_sent() const { return tasks_sent_; }
 
   // Records that a task of `calls` calls ran from started_s to ended_s (a lone call is a task of
   // one). The service-time sample starts at the later of its start and the actor's previous
@@ -135,6 +155,13 @@ class LoadTable {
   // once towards ejection instead (see `failures_in_a_row`).
   // Without `timed` the end time is not known well enough to measure anything: only the
   // outcome counts.
+  //
+  // Start-up: the first completion of an incarnation (`fresh`) may have waited for the actor's
+  // __init__ (a call sent to an actor that is still starting). Such a sample may lower an
+  // estimate but never raise one; an estimate that has no other sample takes it provisionally,
+  // and the next sample replaces it if lower. So an estimate forgets start-up by its second
+  // sample, and a restart never inflates what was learnt before it. Start-up samples never
+  // enter the percentile window.
   void record(uint32_t actor, double started_s, double ended_s, bool ok, uint32_t calls = 1,
               uint32_t method = 0, bool timed = true) {
     ActorLoad& a = actors_[actor];
@@ -148,25 +175,46 @@ class LoadTable {
     const double sample = (ended_s - std::max(started_s, a.last_end_s)) / calls;
     a.last_end_s = std::max(a.last_end_s, ended_s);
     if (!ok || sample < 0.0) return;
+    const bool startup = a.fresh;
+    a.fresh = false;
     const double weight = calls == 1 ? alpha_ : 1.0 - std::pow(1.0 - alpha_, calls);
     if (!a.measured) {
       // The first sample moves the prior like any other: one lucky (or unlucky) call must not
       // make an actor look many times faster than the rest, or `sed` queues calls behind it.
       const double prior = prior_s_ > 0.0 ? prior_s_ : mean_ewma_or(sample);
       a.measured = true;
+      a.provisional = startup;
       a.ewma_s = prior + weight * (sample - prior);
       a.low_s = sample;
       ewma_sum_ += a.ewma_s;
       ++measured_;
-    } else {
+    } else if (a.provisional && sample < a.ewma_s) {
+      // The one sample so far may have included start-up, and this one is lower: start from it.
+      a.provisional = startup;
+      ewma_sum_ += sample - a.ewma_s;
+      a.ewma_s = sample;
+      a.low_s = sample;
+    } else if (!startup || sample < a.ewma_s) {
       const double old = a.ewma_s;
       a.ewma_s = old + weight * (sample - old);
-      a.low_s = lower(a.low_s, sample, weight);
+      const double low = lower(a.low_s, sample, weight);
+      a.low_s = startup ? std::min(a.low_s, low) : low;
+      a.provisional = a.provisional && startup;
       ewma_sum_ += a.ewma_s - old;
     }
     MethodLoad& m = methods_[method];
-    m.ewma_s = m.measured ? lower(m.ewma_s, sample, weight) : sample;
-    m.measured = true;
+    if (!m.measured) {
+      m.ewma_s = sample;
+      m.measured = true;
+      m.provisional = startup;
+    } else if (m.provisional && !startup && sample < m.ewma_s) {
+      m.ewma_s = sample;
+      m.provisional = false;
+    } else if (!startup || sample < m.ewma_s) {
+      m.ewma_s = lower(m.ewma_s, sample, weight);
+      m.provisional = m.provisional && startup;
+    }
+    if (!startup) m.recent.add(sample);
   }
 
   // Mean EWMA over measured actors, or `fallback` when none is measured. The sum is kept

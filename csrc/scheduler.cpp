@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "policy_adaptive.hpp"
+
 namespace actormesh {
 
 namespace {
@@ -49,6 +51,10 @@ SchedulerConfig validated(SchedulerConfig c) {
   if (c.coalesce < 1 || c.coalesce > std::numeric_limits<int32_t>::max()) {
     throw std::invalid_argument("coalesce " + std::to_string(c.coalesce) +
                                 ": must be >= 1 (1 = every call alone)");
+  }
+  if (!(c.hold_ratio >= 0.0 && std::isfinite(c.hold_ratio))) {
+    throw std::invalid_argument("hold_ratio " + format_double(c.hold_ratio) +
+                                ": must be finite and >= 0 (0 = never hold a call back)");
   }
   if (!(c.batch_budget_s > 0.0 && std::isfinite(c.batch_budget_s))) {
     throw std::invalid_argument("batch_budget_s " + format_double(c.batch_budget_s) +
@@ -162,6 +168,8 @@ uint32_t Scheduler::add_group(const std::vector<int64_t>& members) {
     const Standing now = standing(actor);
     group.live += now.live;
     group.eligible += now.eligible;
+    group.rated += now.rated;
+    group.rate += now.rate;
     if (now.preferred) {
       ++group.preferred;
       group.preferred_loads.add(now.in_flight);
@@ -220,7 +228,9 @@ std::vector<uint32_t> Scheduler::group_members(int64_t group) const {
 
 Scheduler::Standing Scheduler::standing(uint32_t actor) const {
   const ActorLoad& load = loads_[actor];
-  return {load.in_flight, load.live(), loads_.eligible(actor), loads_.preferred(actor)};
+  const bool rated = load.alive() && !load.ejected && load.known();
+  return {load.in_flight, load.live(), loads_.eligible(actor), loads_.preferred(actor), rated,
+          rated ? 1.0 / std::max(load.low_s, kMinTime) : 0.0};
 }
 
 void Scheduler::changed(uint32_t actor, const Standing& before) {
@@ -233,6 +243,10 @@ void Scheduler::changed(uint32_t actor, const Standing& before) {
     g.live += static_cast<uint32_t>(now.live) - static_cast<uint32_t>(before.live);
     g.eligible += static_cast<uint32_t>(now.eligible) - static_cast<uint32_t>(before.eligible);
     g.preferred += static_cast<uint32_t>(now.preferred) - static_cast<uint32_t>(before.preferred);
+    g.rated += static_cast<uint32_t>(now.rated) - static_cast<uint32_t>(before.rated);
+    // Kept incrementally (the reference does the same operations in the same order, so both
+    // round alike), and exact again whenever nobody is rated.
+    g.rate = g.rated == 0 ? 0.0 : g.rate + (now.rate - before.rate);
     g.policy->update(loads_, m.pos, actor, before.preferred, now.preferred);
   }
 }
@@ -274,31 +288,109 @@ uint32_t Scheduler::least_loaded_eligible(const Group& group) const {
   return best;
 }
 
-// The group must have an eligible member. May throw only from an external picker, before any
-// state other than the affinity table's recency has changed.
-uint32_t Scheduler::choose(uint32_t group, std::optional<uint64_t> affinity, uint64_t payload) {
-  const bool sticky = affinity && config_.sticky;
+// The actor for `call`, or nothing when it must wait though a member is eligible: it is to go
+// to an idle actor and none is, or it is held back from a straggler (`holds`). `waiting` counts
+// the calls waiting in the group, this one included. The group must have an eligible member.
+// May throw only from an external picker, before any state other than the affinity table's
+// recency has changed.
+std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call,
+                                          uint64_t waiting) {
+  const bool sticky = call.affinity && config_.sticky;
   if (sticky) {
-    const std::optional<uint32_t> last = affinity_.find(*affinity);
-    if (last && sticks(group, *last)) {
-      affinity_.assign(*affinity, *last);
+    const std::optional<uint32_t> last = affinity_.find(*call.affinity);
+    if (last && sticks(group, *last) && (!call.idle_only || loads_[*last].tasks == 0)) {
+      affinity_.assign(*call.affinity, *last);
       return *last;
     }
   }
   Group& g = groups_[group];
   uint32_t pos;
   if (g.preferred > 0) {
-    pos = g.policy->pick(PickContext{loads_, g.members, g.preferred, rng_, affinity, false,
-                                     payload});
+    pos = g.policy->pick(PickContext{loads_, g.members, g.preferred, rng_, call.affinity, false,
+                                     call.payload});
   } else if (settings_.kind == PolicyKind::external) {
-    pos = g.policy->pick(PickContext{loads_, g.members, g.eligible, rng_, affinity, true,
-                                     payload});
+    pos = g.policy->pick(PickContext{loads_, g.members, g.eligible, rng_, call.affinity, true,
+                                     call.payload});
   } else {
     pos = least_loaded_eligible(g);
   }
-  const uint32_t actor = g.members[pos];
-  if (sticky) affinity_.assign(*affinity, actor);
+  uint32_t actor = g.members[pos];
+  if (call.idle_only && loads_[actor].tasks > 0) {
+    const std::optional<uint32_t> idle = idle_member(group, -1, true);
+    if (!idle) return std::nullopt;
+    actor = *idle;
+  }
+  if (holds(group, actor, waiting)) return std::nullopt;
+  if (sticky) affinity_.assign(*call.affinity, actor);
   return actor;
+}
+
+// The member with no call in flight that the adaptive order puts first (the fastest class, then
+// the most recently sent a task, then the lowest rank), other than `exclude`: among the
+// preferred members, or with `fallback` among the eligible ones when every one is ejected. A
+// scan, but only for hedged calls, and O(1) when no preferred member is idle.
+std::optional<uint32_t> Scheduler::idle_member(uint32_t group, int64_t exclude,
+                                               bool fallback) const {
+  const Group& g = groups_[group];
+  const bool among_preferred = g.preferred > 0;
+  if (among_preferred ? g.preferred_loads.min() > 0 : !fallback) return std::nullopt;
+  std::optional<uint32_t> best;
+  AdaptiveKey best_key{};
+  for (const uint32_t actor : g.members) {
+    if (actor == exclude || loads_[actor].in_flight > 0) continue;
+    if (!(among_preferred ? loads_.preferred(actor) : loads_.eligible(actor))) continue;
+    const AdaptiveKey key = adaptive_key(loads_[actor]);
+    if (!best || key < best_key) {
+      best = actor;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
+// Whether a call is held back from `actor`, the eligible member the policy picked: with
+// `adaptive` over actors with task slots, while `actor` is a straggler (its service time over
+// hold_ratio times the harmonic mean of the other members whose speed is known) and the other
+// members are expected to take and finish the call sooner than `actor` would: through the
+// `waiting` calls at their joint rate R, then one of their own service times,
+// (waiting + others) / R < the straggler's time. A hold never strands a call: it ends once
+// the straggler's own mean service time has passed without a call leaving the group's queue
+// (the faster actors may have hung), and a straggler not sent a task for kProbeAfter tasks
+// gets the call, so that one that has recovered is seen again.
+bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
+  constexpr uint64_t kProbeAfter = 1000;
+  if (!may_hold()) return false;
+  const ActorLoad& a = loads_[actor];
+  if (!a.known() || loads_.tasks_sent() - a.last_task >= kProbeAfter) return false;
+  Group& g = groups_[group];
+  const Standing s = standing(actor);
+  const uint32_t others = g.rated - static_cast<uint32_t>(s.rated);
+  const double rate = g.rate - s.rate;
+  if (others == 0 || !(rate > 0.0)) return false;
+  const double time = std::max(a.low_s, kMinTime);
+  if (!(time > config_.hold_ratio * others / rate) ||
+      !(time > static_cast<double>(waiting + others) / rate)) {
+    return false;
+  }
+  if (!g.holding) {
+    g.holding = true;
+    g.hold_until = clock_ + a.ewma_s;
+    earliest_hold_ = std::min(earliest_hold_, g.hold_until);
+    return true;
+  }
+  return clock_ < g.hold_until;
+}
+
+bool Scheduler::may_hold() const {
+  return config_.hold_ratio > 0.0 && settings_.kind == PolicyKind::adaptive &&
+         loads_.max_tasks() > 0;
+}
+
+// A call left `group`'s queue for an actor: a hold ends (the next first call starts its own).
+void Scheduler::dispatched_from(uint32_t group) { groups_[group].holding = false; }
+
+void Scheduler::see_time(double now_s) {
+  if (now_s > clock_) clock_ = now_s;  // NaN: unknown, no change
 }
 
 uint32_t Scheduler::add_method(bool alone) {
@@ -320,16 +412,25 @@ double Scheduler::method_latency_s(int64_t method) const {
   return m.measured ? m.ewma_s : std::numeric_limits<double>::quiet_NaN();
 }
 
+double Scheduler::method_quantile_s(int64_t method, double q) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint32_t id = check_method(method);
+  if (!(q > 0.0 && q <= 1.0)) {
+    throw std::invalid_argument("quantile " + format_double(q) + ": must be in (0, 1]");
+  }
+  return loads_.method(id).recent.quantile(q);
+}
+
 uint32_t Scheduler::batch_size(int64_t method) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const QueuedCall call{0, std::nullopt, 0, check_method(method), false};
+  const QueuedCall call{0, std::nullopt, 0, check_method(method), false, false};
   if (config_.coalesce == 1 || !may_ride(call)) return 1;
   const double fits = std::floor(config_.batch_budget_s / expected_s(call));
   return static_cast<uint32_t>(std::clamp(fits, 1.0, static_cast<double>(config_.coalesce)));
 }
 
 Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload,
-                           double now_s, int64_t method, bool alone) {
+                           double now_s, int64_t method, bool alone, bool idle_only) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t id = check_group(group);
   const uint32_t method_id = check_method(method);
@@ -338,17 +439,64 @@ Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint
     throw NoLiveActors("no live actor among the " + std::to_string(g.members.size()) +
                        " actors of group " + std::to_string(id));
   }
+  see_time(now_s);
   end_ejections(now_s);
+  QueuedCall call{next_ticket_, affinity, payload, method_id, alone, idle_only};
   // A call never overtakes the calls already waiting (their drain may be pending).
-  if (g.eligible == 0 || !g.queue.empty()) {
-    const uint64_t ticket = next_ticket_++;
-    g.queue.push_back({ticket, affinity, payload, method_id, alone});
-    queued_.emplace(ticket, QueuePlace{id, std::prev(g.queue.end())});
-    return {ticket, -1, payload};
+  std::optional<uint32_t> actor;
+  if (g.eligible > 0 && g.queue.empty()) actor = choose(id, call, 1);
+  ++next_ticket_;
+  if (!actor) {
+    g.queue.push_back(call);
+    queued_.emplace(call.ticket, QueuePlace{id, std::prev(g.queue.end())});
+    return {call.ticket, -1, payload};
   }
-  const uint32_t actor = choose(id, affinity, payload);
-  add_load(actor, 1, 1);
-  return {next_ticket_++, static_cast<int32_t>(actor), 0};
+  add_load(*actor, 1, 1);
+  return {call.ticket, static_cast<int32_t>(*actor), 0};
+}
+
+int32_t Scheduler::hedge(int64_t group, int64_t first) {
+  constexpr double kSlower = 2.0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint32_t id = check_group(group);
+  const uint32_t running = check_actor(first);
+  if (!groups_[id].queue.empty()) return -1;
+  const std::optional<uint32_t> target = idle_member(id, running, false);
+  if (!target) return -1;
+  const ActorLoad& to = loads_[*target];
+  const ActorLoad& from = loads_[running];
+  if (to.known() && from.known() && to.low_s > kSlower * from.low_s) return -1;
+  add_load(*target, 1, 1);
+  return static_cast<int32_t>(*target);
+}
+
+double Scheduler::hold_deadline_s() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return earliest_hold_;
+}
+
+Drain Scheduler::expire_holds(double now_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  see_time(now_s);
+  Drain out;
+  for (uint32_t id = 0; id < groups_.size(); ++id) {
+    const Group& g = groups_[id];
+    if (!g.holding || g.hold_until > clock_) continue;
+    // The held call's actor is eligible; a drain through any eligible member reaches the group.
+    for (const uint32_t actor : g.members) {
+      if (!loads_.eligible(actor)) continue;
+      Drain more = drain_locked(actor);
+      out.dispatched.insert(out.dispatched.end(), more.dispatched.begin(), more.dispatched.end());
+      out.failed.insert(out.failed.end(), more.failed.begin(), more.failed.end());
+      if (!out.error) out.error = more.error;
+      break;
+    }
+  }
+  earliest_hold_ = std::numeric_limits<double>::infinity();
+  for (const Group& g : groups_) {
+    if (g.holding) earliest_hold_ = std::min(earliest_hold_, g.hold_until);
+  }
+  return out;
 }
 
 // A call's expected service time, for the batch budget: its method's estimate; unmeasured, a
@@ -362,7 +510,7 @@ double Scheduler::expected_s(const QueuedCall& call) const {
 // Whether a queued call may ride a batch that another call opened. A keyed call whose keys a
 // picker routes itself (no native stickiness) must reach the picker, so it goes alone too.
 bool Scheduler::may_ride(const QueuedCall& call) const {
-  return !call.alone && !loads_.method(call.method).alone &&
+  return !call.alone && !call.idle_only && !loads_.method(call.method).alone &&
          (config_.sticky || !call.affinity);
 }
 
@@ -390,6 +538,7 @@ void Scheduler::add_mates(uint32_t actor, const QueuedCall& first, Drain& out) {
     budget -= expected_s(mate);
     groups_[from].queue.pop_front();
     queued_.erase(mate.ticket);
+    dispatched_from(from);
     free_if_unused(from);
     add_load(actor, 1, 0);
     if (mate.affinity && config_.sticky) affinity_.assign(*mate.affinity, actor);
@@ -403,24 +552,27 @@ void Scheduler::add_mates(uint32_t actor, const QueuedCall& first, Drain& out) {
 // before this event and still has none. Among those groups the oldest ticket goes first.
 Drain Scheduler::drain_locked(uint32_t actor) {
   Drain out;
+  std::vector<uint32_t> waiting;  // groups whose first call waits though a member is eligible
   while (!queued_.empty()) {
     uint32_t best = 0;
     const QueuedCall* oldest = nullptr;
     for (const Membership& m : memberships_[actor]) {
       const Group& g = groups_[m.group];
       if (g.eligible == 0 || g.queue.empty()) continue;
+      if (std::find(waiting.begin(), waiting.end(), m.group) != waiting.end()) continue;
       if (oldest == nullptr || g.queue.front().ticket < oldest->ticket) {
         best = m.group;
         oldest = &g.queue.front();
       }
     }
     if (oldest == nullptr) return out;
+    Group& g = groups_[best];
     const QueuedCall call = *oldest;
-    groups_[best].queue.pop_front();
+    g.queue.pop_front();
     queued_.erase(call.ticket);
-    uint32_t chosen;
+    std::optional<uint32_t> chosen;
     try {
-      chosen = choose(best, call.affinity, call.payload);
+      chosen = choose(best, call, g.queue.size() + 1);
     } catch (...) {
       // Keeping the call queued would strand it (and the calls behind it) while slots are free:
       // nothing polls, and no later event may come. So it leaves the queue as failed.
@@ -429,9 +581,16 @@ Drain Scheduler::drain_locked(uint32_t actor) {
       free_if_unused(best);
       continue;
     }
-    add_load(chosen, 1, 1);
-    out.dispatched.push_back({call.ticket, static_cast<int32_t>(chosen), call.payload});
-    add_mates(chosen, call, out);
+    if (!chosen) {  // it waits, first in line still; the calls behind it wait with it
+      g.queue.push_front(call);
+      queued_.emplace(call.ticket, QueuePlace{best, g.queue.begin()});
+      waiting.push_back(best);
+      continue;
+    }
+    add_load(*chosen, 1, 1);
+    dispatched_from(best);
+    out.dispatched.push_back({call.ticket, static_cast<int32_t>(*chosen), call.payload});
+    add_mates(*chosen, call, out);
     free_if_unused(best);
   }
   return out;
@@ -501,6 +660,7 @@ Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool 
                                 ": times must be finite");
   }
   check_held(a, calls, true, "complete");
+  see_time(ended_s);
   const Standing before = standing(a);
   loads_.add(a, -static_cast<int32_t>(calls), -1);
   loads_.record(a, started_s, ended_s, ok, static_cast<uint32_t>(calls), method_id, timed);
@@ -529,7 +689,9 @@ std::optional<uint64_t> Scheduler::cancel(uint64_t ticket) {
   if (it == queued_.end()) return std::nullopt;
   const uint64_t payload = it->second.call->payload;
   const uint32_t group = it->second.group;
-  groups_[group].queue.erase(it->second.call);
+  Group& g = groups_[group];
+  g.queue.erase(it->second.call);
+  if (g.queue.empty()) g.holding = false;
   queued_.erase(it);
   free_if_unused(group);
   return payload;
@@ -554,6 +716,7 @@ std::vector<Decision> Scheduler::mark_dead(int64_t actor, bool restarting) {
       queued_.erase(call.ticket);
     }
     g.queue.clear();
+    g.holding = false;
     if (g.users == 0) emptied.push_back(m.group);  // removed, kept for this queue
   }
   for (const uint32_t group : emptied) free_group(group);  // after the loop over memberships
@@ -579,6 +742,7 @@ std::vector<Decision> Scheduler::take_queued() {
     Group& g = groups_[group];
     for (const QueuedCall& call : g.queue) out.push_back({call.ticket, -1, call.payload});
     g.queue.clear();
+    g.holding = false;
     free_if_unused(group);
   }
   queued_.clear();

@@ -33,6 +33,10 @@ struct SchedulerConfig {
   // as their expected service times add up to at most `batch_budget_s`.
   int64_t coalesce = 1;
   double batch_budget_s = 0.002;
+  // `adaptive` over actors with task slots (max_tasks > 0): a call is held back from a free
+  // actor whose service time is over `hold_ratio` times the other members' (their harmonic
+  // mean), while a faster member is expected to take and finish it sooner (0: never).
+  double hold_ratio = 0.0;
   uint64_t seed = 0;
   double ewma_alpha = 0.2;
   double prior_s = 0.0;
@@ -90,16 +94,31 @@ class Scheduler {
   uint32_t add_method(bool alone);
   // A method's service time per call (moving average), NaN until measured.
   double method_latency_s(int64_t method) const;
+  // The q-quantile (0 < q <= 1) of a method's latest service times per call (start-up left
+  // out), NaN until enough are known: what a hedged call waits for before its second copy.
+  double method_quantile_s(int64_t method, double q) const;
   // How many calls of `method` a freed slot would take as one task now (1 when they never
   // ride a batch): what fits the budget of expected service time, at most `coalesce`.
   uint32_t batch_size(int64_t method) const;
 
   // Picks an actor for a call of `method`, or queues the call with its payload (`alone`: it
-  // never rides a batch). `now_s` (the clock of complete's times; NaN: unknown) ends the
-  // ejections that are due.
+  // never rides a batch; `idle_only`: it goes only to an actor with no task in flight, waiting
+  // for one if need be). `now_s` (the clock of complete's times; NaN: unknown) ends the
+  // ejections that are due and times holds.
   Decision submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload = 0,
                   double now_s = std::numeric_limits<double>::quiet_NaN(), int64_t method = 0,
-                  bool alone = false);
+                  bool alone = false, bool idle_only = false);
+  // A second copy of a call running on `first` (hedging): the idle preferred member of the group
+  // expected to finish first, other than `first` and not over twice as slow as it, counted as a
+  // call and a task; -1 when there is none, or when calls wait in the group's queue (they come
+  // first).
+  int32_t hedge(int64_t group, int64_t first);
+  // When the earliest hold ends (the scheduler's clock), +inf when no call is held back.
+  double hold_deadline_s() const;
+  // Ends the holds that are due at `now_s`: their calls go to the actors they were held from.
+  Drain expire_holds(double now_s);
+  // Whether this scheduler may hold calls back (hold_ratio > 0, adaptive, task slots).
+  bool may_hold() const;
   // Ends one Ray task of `calls` calls (of `method` for its service-time sample; none without
   // `timed`, when the end time is not known). With `drain` false the queued calls its slots
   // could take are left for drain().
@@ -155,6 +174,7 @@ class Scheduler {
   uint32_t max_in_flight() const { return loads_.max_in_flight(); }
   uint32_t max_tasks() const { return loads_.max_tasks(); }
   uint32_t coalesce() const { return static_cast<uint32_t>(config_.coalesce); }
+  uint64_t affinity_capacity() const { return static_cast<uint64_t>(config_.affinity_capacity); }
   bool uses_picker() const { return settings_.kind == PolicyKind::external; }
 
  private:
@@ -174,13 +194,19 @@ class Scheduler {
     bool live;
     bool eligible;
     bool preferred;
+    bool rated;   // alive, not ejected, and its speed known
+    double rate;  // its speed, 1 / low_s, when rated; else 0
   };
   Standing standing(uint32_t actor) const;
   // Propagates a change of `actor`'s load, liveness or ejection to every group it belongs to.
   void changed(uint32_t actor, const Standing& before);
   // Counts `calls` more calls on `actor`, carried by `tasks` more tasks.
   void add_load(uint32_t actor, int32_t calls, int32_t tasks);
-  uint32_t choose(uint32_t group, std::optional<uint64_t> affinity, uint64_t payload);
+  std::optional<uint32_t> choose(uint32_t group, const QueuedCall& call, uint64_t waiting);
+  std::optional<uint32_t> idle_member(uint32_t group, int64_t exclude, bool fallback) const;
+  bool holds(uint32_t group, uint32_t actor, uint64_t waiting);
+  void dispatched_from(uint32_t group);
+  void see_time(double now_s);
   uint32_t check_method(int64_t method) const;
   void check_held(uint32_t actor, int64_t calls, bool task, const char* what) const;
   double expected_s(const QueuedCall& call) const;
@@ -208,6 +234,9 @@ class Scheduler {
   uint64_t next_ticket_ = 1;
   std::vector<uint32_t> ejected_;  // actors ejected, some perhaps re-admitted since
   double next_readmission_s_ = std::numeric_limits<double>::infinity();
+  double clock_ = 0.0;  // the latest time seen (submit, complete, expire_holds)
+  // No hold ends before this; may be early (a hold that ended since), never late.
+  double earliest_hold_ = std::numeric_limits<double>::infinity();
 };
 
 }  // namespace actormesh

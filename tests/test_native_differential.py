@@ -2,9 +2,10 @@
 
 Both get the same seeded random sequence of events — submits of several methods (one of them
 never batched) to several groups with and without affinity, completions of lone calls and of
-batches, acquires, cancels, deaths, restarts, new groups — and must return the same decisions
-(batches included, call for call), raise the same errors and report the same loads after every
-event.
+batches, acquires, cancels, deaths, restarts, new groups, hedges, the end of holds — and must
+return the same decisions (batches included, call for call), raise the same errors and report the
+same loads, estimates and percentiles after every event. One actor is a straggler, so that calls
+are held back from it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("pow2", {"coalesce": 3, "affinity_abs": 0, "affinity_rel": 1.0}),
     ("sed", {"coalesce": 6, "max_tasks": 1}),
     ("external", {"picker": flaky_picker, "coalesce": 4}),
+    ("adaptive", {"max_tasks": 1, "hold_ratio": 3.0}),
+    ("adaptive", {"max_tasks": 2, "pipeline_s": 0.004, "hold_ratio": 1.5, "coalesce": 4}),
 ]
 
 
@@ -118,28 +121,40 @@ def run_both(
             running.extend((actor, len(tickets)) for tickets, actor in result[2])
 
     methods = [0, same("add_method", False)[1], same("add_method", True)[1]]
+    straggler = rng.randrange(num_actors)
     for _ in range(steps):
         roll = rng.random()
         if not any(ref.alive()):
             roll = 0.95  # bring an actor back
         if roll < 0.40 or not running:
             key = None if rng.random() < 0.4 else rng.choice([0, 1, 2, 3, 4, 5, -7, 2**64 - 3])
+            idle_only = rng.random() < 0.1
             result = same("submit", rng.choice(groups), key, method=rng.choice(methods),
-                          alone=rng.random() < 0.05)
+                          alone=idle_only or rng.random() < 0.05, idle_only=idle_only,
+                          now_s=clock if rng.random() < 0.7 else None)
             if result[0] == "returned" and isinstance(result[1], tuple):
                 running.append((result[1][1], 1))
-        elif roll < 0.78:
+        elif roll < 0.76:
             clock += rng.expovariate(1000.0)
             begun = clock - rng.choice([0.0, rng.expovariate(300.0)])
             ok = rng.random() < 0.9
             method = rng.choice(methods)
             if rng.random() < 0.98:  # a task that is running
                 actor, calls = running.pop(rng.randrange(len(running)))
+                if actor == straggler:
+                    begun -= 0.02
                 started(same("complete", actor, begun, clock, ok, calls=calls, method=method,
                              timed=rng.random() < 0.9))
             else:  # any actor and count, to check extra completes
                 started(same("complete", rng.randrange(num_actors), begun, clock, ok,
                              calls=rng.randint(1, 3), method=method))
+        elif roll < 0.78:
+            result = same("hedge", rng.choice(groups), rng.randrange(num_actors))
+            if result[0] == "returned" and result[1] >= 0:
+                running.append((result[1], 1))
+        elif roll < 0.80:
+            clock += rng.expovariate(100.0)
+            started(same("expire_holds", clock))
         elif roll < 0.82:
             actor = rng.randrange(num_actors)
             same("acquire", actor)
@@ -160,10 +175,14 @@ def run_both(
         assert native.alive() == ref.alive()
         assert native.queued() == ref.queued()
         assert same_floats(native.mean_latency_s(), ref.mean_latency_s())
+        assert native.hold_deadline_s() == ref.hold_deadline_s()
     for group in groups:
         assert native.group_members(group) == ref.group_members(group)
     assert same_floats([native.method_latency_s(m) for m in methods],
                        [ref.method_latency_s(m) for m in methods])
+    for q in (0.5, 0.95, 1.0):
+        assert same_floats([native.method_quantile_s(m, q) for m in methods],
+                           [ref.method_quantile_s(m, q) for m in methods])
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -311,9 +311,11 @@ def test_mean_latency_is_nan_until_measured_then_a_moving_average() -> None:
 def test_a_backlogged_actor_is_measured_between_completions() -> None:
     s = Scheduler(1)
     s.acquire(0)
-    s.acquire(0)
     s.complete(0, 0.0, 1.0, True)
-    s.complete(0, 0.0, 1.5, True)  # waited behind the first call: 0.5 s of work, not 1.5
+    s.acquire(0)
+    s.acquire(0)
+    s.complete(0, 1.0, 2.0, True)
+    s.complete(0, 1.0, 2.5, True)  # waited behind the call before it: 0.5 s of work, not 1.5
     assert s.mean_latency_s()[0] == pytest.approx(1.0 + 0.2 * (0.5 - 1.0))
 
 
@@ -322,6 +324,69 @@ def test_a_failed_call_is_not_a_latency_sample() -> None:
     s.acquire(0)
     s.complete(0, 0.0, 5.0, False)
     assert math.isnan(s.mean_latency_s()[0])
+
+
+def test_a_first_sample_that_included_start_up_is_forgotten_by_the_second() -> None:
+    s = Scheduler(1)
+    measure(s, 0, 1.0)  # sent while the actor ran its __init__
+    s.acquire(0)
+    s.complete(0, 1.0, 1.005, True)
+    assert s.mean_latency_s() == [pytest.approx(0.005)]
+
+
+def test_the_first_call_after_a_restart_never_raises_the_estimate() -> None:
+    s = Scheduler(2)
+    measure(s, 0, 0.01, times=3)
+    s.mark_dead(0, restarting=True)
+    s.mark_alive(0)
+    s.acquire(0)
+    s.complete(0, 10.0, 12.0, True)  # waited for the new process to start
+    assert s.mean_latency_s()[0] == pytest.approx(0.01)
+    s.acquire(0)
+    s.complete(0, 12.0, 12.01, True)
+    assert s.mean_latency_s()[0] == pytest.approx(0.01)
+
+
+def test_a_method_learns_its_service_time_after_start_up_too() -> None:
+    s = Scheduler(4)
+    method = s.add_method()
+    for actor in range(4):  # every actor's first call waited for its start
+        s.acquire(actor)
+        s.complete(actor, 0.0, 1.0 + actor / 10, True, method=method)
+    s.acquire(0)
+    s.complete(0, 1.0, 1.005, True, method=method)
+    assert s.method_latency_s(method) == pytest.approx(0.005)
+
+
+def complete_one_after_another(s: Scheduler, actor: int, samples: list[float],
+                               method: int = 0) -> None:
+    """One call per sample on `actor`, each sent as the one before it ended."""
+    now = 0.0
+    for sample in samples:
+        s.acquire(actor)
+        s.complete(actor, now, now + sample, True, method=method)
+        now += sample
+
+
+def test_a_method_percentile_needs_enough_samples_then_is_an_order_statistic() -> None:
+    s = Scheduler(1)
+    method = s.add_method()
+    complete_one_after_another(s, 0, [1.0] + [i / 100 for i in range(1, 8)], method)
+    assert math.isnan(s.method_quantile_s(method, 0.95))  # 7 samples: start-up is left out
+    s = Scheduler(1)
+    method = s.add_method()
+    complete_one_after_another(s, 0, [1.0] + [i / 100 for i in range(1, 21)], method)
+    assert s.method_quantile_s(method, 0.95) == pytest.approx(0.19)  # the 19th of 20
+    assert s.method_quantile_s(method, 0.5) == pytest.approx(0.10)
+    with pytest.raises(ValueError, match="quantile 0"):
+        s.method_quantile_s(method, 0.0)
+
+
+def test_a_method_percentile_keeps_the_latest_64_samples() -> None:
+    s = Scheduler(1)
+    complete_one_after_another(s, 0, [0.0] + [float(i) for i in range(1, 101)])
+    assert s.method_quantile_s(0, 1 / 64) == 37.0  # the oldest of the latest 64: 37 .. 100
+    assert s.method_quantile_s(0, 1.0) == 100.0
 
 
 # Queues
@@ -1057,11 +1122,10 @@ def test_adaptive_keeps_an_actor_measured_slow_to_one_task() -> None:
 def test_adaptive_picks_the_least_loaded_then_the_actor_most_recently_used() -> None:
     s = Scheduler(3, "adaptive", max_tasks=4)
     for actor in (1, 0, 2):
-        s.acquire(actor)
-        s.complete(actor, 0.0, 0.001, True)
+        measure(s, actor, 0.001, times=2)  # the second sample is the first beyond start-up
     assert dispatch(s) == 2  # all idle: the one used last
     assert dispatch(s) == 0  # 2 is busy: the one used before it
-    s.complete(0, 0.0, 0.001, True)
+    s.complete(0, 0.002, 0.003, True)
     assert dispatch(s) == 0  # idle again, and the most recent
     s.acquire(1)
     assert dispatch(s) == 1  # every actor has a call: 1 was used last
@@ -1233,3 +1297,142 @@ def test_snapshot_gives_every_actors_load_at_once() -> None:
     [zero, one] = s.snapshot()
     assert zero[:2] == (0, 0) and math.isnan(zero[2]) and zero[3:] == ("restarting", True)
     assert one == (1, 1, 0.5, "alive", False)
+
+
+# The adaptive policy: the faster actor first, and no call given to a straggler too soon
+
+
+def rated(s: Scheduler, times: dict[int, float]) -> Scheduler:
+    """`s` with each actor in `times` measured beyond start-up at that service time."""
+    for actor, seconds in times.items():
+        complete_one_after_another(s, actor, [seconds] * 3)
+    return s
+
+
+def test_adaptive_tries_an_unmeasured_actor_then_the_faster_class_first() -> None:
+    s = rated(Scheduler(3, "adaptive", max_tasks=1), {0: 0.2, 1: 0.01})
+    assert [dispatch(s) for _ in range(3)] == [2, 1, 0]
+
+
+def straggler_mesh(**settings: Any) -> Scheduler:
+    """Actors 0 and 1 take 10 ms a call, actor 2 200 ms; one task each; 0 and 1 busy."""
+    s = rated(Scheduler(3, "adaptive", max_tasks=1, hold_ratio=3.0, **settings),
+              {0: 0.01, 1: 0.01, 2: 0.2})
+    assert sorted([dispatch(s), dispatch(s)]) == [0, 1]
+    return s
+
+
+def test_a_call_is_held_back_from_a_free_straggler_for_a_faster_actor() -> None:
+    s = straggler_mesh()
+    held = s.submit(0)
+    assert held.actor == -1 and s.in_flight() == [1, 1, 0]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 0.01, True)] == [(held.ticket, 0)]
+
+
+def test_a_long_queue_is_worth_the_straggler() -> None:
+    s = straggler_mesh()
+    tickets = [s.submit(0).ticket for _ in range(50)]
+    # 48 calls still wait once actor 0 has taken the first: they keep 0 and 1 busy for 0.24 s,
+    # longer than the straggler takes for one.
+    drained = s.complete(0, 0.0, 0.01, True)
+    assert [(d.ticket, d.actor) for d in drained] == [(tickets[0], 0), (tickets[1], 2)]
+
+
+def test_a_hold_ends_when_the_straggler_would_have_finished_the_call() -> None:
+    s = straggler_mesh()
+    s.submit(0, now_s=100.0)
+    deadline = s.hold_deadline_s()
+    assert 100.1 < deadline < 100.3  # the straggler's mean service time after the hold began
+    assert s.expire_holds(100.05) == []
+    [decision] = s.expire_holds(deadline)  # the faster actors never finished: it goes anyway
+    assert decision.actor == 2 and s.hold_deadline_s() == math.inf
+
+
+def test_nothing_is_held_back_from_an_actor_of_the_others_speed() -> None:
+    s = rated(Scheduler(3, "adaptive", max_tasks=1, hold_ratio=3.0),
+              {0: 0.01, 1: 0.01, 2: 0.02})
+    assert sorted(dispatch(s) for _ in range(3)) == [0, 1, 2]
+
+
+def test_a_held_back_straggler_is_probed_now_and_then() -> None:
+    s = straggler_mesh()
+    sent_to_straggler = 0
+    for i in range(1200):
+        decision = s.submit(0)
+        if decision.actor == 2:
+            sent_to_straggler += 1
+            s.complete(2, 0.0, 0.2, True)
+        [freed] = [a for a in (0, 1) if s.in_flight()[a]][:1]
+        s.complete(freed, 0.0, 0.01 * (i + 1), True)
+    assert sent_to_straggler == 1
+
+
+def test_only_adaptive_over_task_slots_holds_calls_back() -> None:
+    assert Scheduler(2, "adaptive", max_tasks=2, hold_ratio=3.0).may_hold
+    assert not Scheduler(2, "adaptive", hold_ratio=3.0).may_hold
+    assert not Scheduler(2, "least_loaded", max_tasks=2, hold_ratio=3.0).may_hold
+    assert not Scheduler(2, "adaptive", max_tasks=2).may_hold
+    with pytest.raises(ValueError, match="hold_ratio -1"):
+        Scheduler(2, "adaptive", hold_ratio=-1.0)
+
+
+# Hedged calls: each copy goes to an idle actor
+
+
+def test_an_idle_only_call_waits_for_an_actor_with_no_task() -> None:
+    s = rated(Scheduler(2, "adaptive", max_tasks=2, pipeline_s=1.0), {0: 0.01, 1: 0.01})
+    first = dispatch(s)
+    assert s.submit(0, idle_only=True, alone=True).actor == 1 - first
+    waiting = s.submit(0, idle_only=True, alone=True)
+    assert waiting.actor == -1  # both actors could take a second task, neither is idle
+    behind = s.submit(0)
+    assert behind.actor == -1  # behind it, in order
+    drained = s.complete(first, 0.0, 0.01, True)
+    # It takes the actor that became idle; the call behind it may queue in an actor as usual.
+    assert [d.ticket for d in drained] == [waiting.ticket, behind.ticket]
+    assert drained[0].actor == first
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_idle_only_call_finds_the_idle_actor_whatever_the_policy_picks(seed: int) -> None:
+    s = Scheduler(4, "pow2", seed=seed)
+    for actor in (0, 1, 3):
+        s.acquire(actor)
+    assert s.submit(0, idle_only=True, alone=True).actor == 2
+
+
+def test_a_hedge_goes_to_an_idle_actor_other_than_the_first_copys() -> None:
+    s = Scheduler(3, "adaptive", max_tasks=1)
+    first = dispatch(s)
+    second = s.hedge(0, first)
+    assert second not in (-1, first)
+    assert s.in_flight()[second] == 1 and s.tasks()[second] == 1
+    third = s.hedge(0, first)
+    assert third not in (-1, first, second)
+    assert s.hedge(0, first) == -1  # nobody idle
+
+
+def test_calls_waiting_for_a_slot_come_before_a_hedge() -> None:
+    s = Scheduler(2, "adaptive", max_tasks=1)
+    first = dispatch(s)
+    dispatch(s)
+    s.submit(0)
+    s.complete(1 - first, 0.0, 0.01, True)  # its slot goes to the waiting call
+    assert s.hedge(0, first) == -1
+
+
+def test_a_hedge_never_goes_to_a_much_slower_actor() -> None:
+    s = rated(Scheduler(2, "adaptive", max_tasks=1), {0: 0.01, 1: 0.2})
+    assert dispatch(s) == 0
+    assert s.hedge(0, 0) == -1
+    s = rated(Scheduler(2, "adaptive", max_tasks=1), {0: 0.01, 1: 0.2})
+    s.acquire(1)
+    assert s.hedge(0, 1) == 0  # from the slow actor to the fast one
+
+
+def test_a_hedge_stays_in_the_view_of_its_call() -> None:
+    s = Scheduler(4, "adaptive", max_tasks=1)
+    view = s.add_group([1, 2])
+    s.acquire(1)
+    assert s.hedge(view, 1) == 2
+    assert s.hedge(view, 1) == -1
