@@ -7,9 +7,11 @@ as its `external` policy, called back with the live candidates that have a free 
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 import math
 import random
+import threading
 from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -74,6 +76,10 @@ class Policy:
     shorter than `pipeline_s`: a slow call never queues inside a busy actor. A batch holds as
     many calls as their expected service times fit in `batch_budget_s`, so a slow method's calls
     go alone and tiny ones ride by the dozen.
+    "adaptive" over actors that run one call at a time also holds a call back from a free
+    straggler (an actor over `hold_ratio` times slower than the others, measured) while the
+    faster actors are expected to take and finish it sooner, at most for the straggler's own
+    service time (0: never hold).
     Affinity escapes to the least loaded actor when the sticky actor's in-flight count exceeds
     the minimum by more than `affinity_abs` calls and by more than `affinity_rel` times.
 
@@ -89,6 +95,7 @@ class Policy:
     max_tasks: int | None = None
     pipeline_s: float = 0.002
     batch_budget_s: float = 0.002
+    hold_ratio: float = 3.0
     seed: int | None = None
     ewma_alpha: float = 0.2
     prior_s: float | None = None
@@ -118,6 +125,10 @@ class Policy:
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not 0 < value < math.inf:
                 raise ValueError(f"{field}={value!r}: must be a finite number of seconds > 0")
+        if isinstance(self.hold_ratio, bool) or not isinstance(self.hold_ratio, (int, float)) \
+                or not 0 <= self.hold_ratio < math.inf:
+            raise ValueError(f"hold_ratio={self.hold_ratio!r}: must be a finite number >= 0 "
+                             "(0: never hold a call back)")
         if not 0 < self.ewma_alpha <= 1:
             raise ValueError(f"ewma_alpha={self.ewma_alpha!r}: must be in (0, 1]")
         if self.affinity_abs < 0 or self.affinity_rel < 1 or self.affinity_capacity < 1:
@@ -179,6 +190,7 @@ def make_scheduler(
         pipeline_s=spec.pipeline_s,
         coalesce=coalesce,
         batch_budget_s=spec.batch_budget_s,
+        hold_ratio=spec.hold_ratio,
         seed=spec.seed if spec.seed is not None else random.getrandbits(63),
         ewma_alpha=spec.ewma_alpha,
         prior_s=spec.prior_s or 0.0,
@@ -197,9 +209,36 @@ def check_coalesce(coalesce: int) -> None:
         raise ValueError(f"coalesce={coalesce!r}: must be an int >= 1 (1: every call alone)")
 
 
-def affinity_hash(key: Hashable | None) -> int | None:
-    """The 63-bit hash the native core routes a key by (it never holds Python objects)."""
-    return None if key is None else hash(key) & 0x7FFF_FFFF_FFFF_FFFF
+class SessionKeys:
+    """Affinity keys by value: the number the native core routes each key by (it never holds
+    Python objects). Keys that are equal (`1` and `1.0`) share a number, keys that are not
+    (`-1` and `-2`, whose `hash()` is the same) never do. The least recently used keys beyond
+    `capacity` are forgotten, as the native table forgets them, so memory stays bounded; a
+    forgotten key that comes back is a new session."""
+
+    __slots__ = ("_numbers", "_capacity", "_next", "_lock")
+
+    def __init__(self, capacity: int) -> None:
+        self._numbers: collections.OrderedDict[Hashable, int] = collections.OrderedDict()
+        self._capacity = max(capacity, 1)
+        self._next = 0
+        self._lock = threading.Lock()  # held for a few bytecodes: calls come from any thread
+
+    def id_of(self, key: Hashable) -> int:
+        with self._lock:
+            number = self._numbers.get(key)
+            if number is not None:
+                self._numbers.move_to_end(key)
+                return number
+            number = self._next
+            self._next += 1
+            self._numbers[key] = number
+            if len(self._numbers) > self._capacity:
+                self._numbers.popitem(last=False)
+            return number
+
+    def __len__(self) -> int:
+        return len(self._numbers)
 
 
 class _Picker:

@@ -83,15 +83,17 @@ def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bo
             continue
         call = future._calls[0]
         # A lone call already sent is read as soon as its value exists (see `_calls.read_sent`);
-        # any other waits for its end, which may be a failure, a retry or its own timeout.
-        if call.batch is not None or call.ref is None or call.deadline is not None:
+        # any other waits for its end, which may be a failure, a retry, its own timeout or (a
+        # hedged call) the end of its other copy.
+        if call.batch is not None or call.ref is None or call.deadline is not None \
+                or call.hedge is not None:
             if not future._future.wait(_left(deadline)):
                 return False
         if future._future.done() and future._future.exception() is not None:
             continue
         batch = call.batch
         if batch is None:
-            lone.append((future, call.ref))
+            lone.append((future, call.sender().ref))
         elif batch.unread():
             batches[id(batch)] = batch
     if not lone and not batches:

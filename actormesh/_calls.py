@@ -24,12 +24,14 @@ part has ended, and its first reader reads and combines the parts (`_future`). A
 freed exactly once, when it ends, whatever the outcome; a call is settled exactly once (a second
 outcome, e.g. after a timeout, is dropped). A cancelled call is never sent again, and one that
 was sent is cancelled in its actor where Ray can (`Router.cancel_sent`). Calls only ride
-together when they waited: one that finds a free slot is sent alone at once.
+together when they waited: one that finds a free slot is sent alone at once. A hedged call may
+have a second copy, a `Call` of its own sharing its future (`_hedge` draws that path).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -39,10 +41,11 @@ import ray
 from ray.exceptions import RayError
 
 from . import _loop, _native, _ray
-from ._balancer import affinity_hash
+from ._balancer import SessionKeys
 from ._batch import Batch, Item, SendBatch
 from ._errors import MeshError, MeshTimeoutError, NoLiveActorsError, from_ray
 from ._failures import Failures
+from ._hedge import Hedges
 from ._result import Result
 from ._shape import Point, format_coords
 
@@ -56,29 +59,36 @@ class Call:
 
     `future` settles with the call's ObjectRef once the call has ended (its value is read by
     whoever asks, see `read`), or with an error if it never ran to its end (cancelled, timed
-    out, no actor to take it, the mesh shut down).
+    out, no actor to take it, the mesh shut down). A hedged call's second copy is a `Call` too
+    (`copy` set), with the same future: the first of the two to end settles it.
     """
 
     __slots__ = ("router", "method", "method_id", "alone", "fn", "args", "kwargs", "target", "key",
-                 "affinity", "retries", "future", "actor", "epoch", "ticket", "ref", "out",
-                 "started", "outcome", "finished", "batch", "index", "deadline", "_point")
+                 "affinity", "retries", "hedge", "twin", "copy", "future", "actor", "epoch",
+                 "ticket", "ref", "out", "started", "outcome", "finished", "batch", "index",
+                 "deadline", "_point", "__weakref__")
 
     def __init__(self, router: Router, method: str, args: tuple[Any, ...],
                  kwargs: dict[str, Any], *, point: Point | None = None,
                  target: Routed | None = None, key: Hashable | None = None, retries: int = 0,
-                 fn: SendFn | None = None, method_id: int = 0, alone: bool = False) -> None:
+                 fn: SendFn | None = None, method_id: int = 0, alone: bool = False,
+                 hedge: float | None = None) -> None:
         self.router = router
         self.method = method
         self.method_id = method_id  # the scheduler's id of `method` (`Router.method_id`)
-        # Never rides a batch: an ObjectRef argument Ray must resolve, or a call `fn` makes.
-        self.alone = alone or fn is not None
+        # Never rides a batch: an ObjectRef argument Ray must resolve, a call `fn` makes, or a
+        # hedged call (cancelling one of its copies must never cancel another call).
+        self.alone = alone or fn is not None or hedge is not None
         self.fn = fn  # makes the Ray call itself, given the actor's handle (ActorPool.submit)
         self.args = args
         self.kwargs = kwargs
         self.target = target  # the view `choose` routes in (its group); None: sent directly
         self.key = key  # the affinity key as given; `affinity` is what the core routes by
-        self.affinity = affinity_hash(key)
+        self.affinity = None if key is None else router.sessions.id_of(key)
         self.retries = retries
+        self.hedge = hedge  # None, or the delay before a second copy (`_hedge.LEARNT`)
+        self.twin: Call | None = None  # the other copy of a hedged call, once there is one
+        self.copy = False  # this is the second copy
         self.future: Result[Any] = Result()
         self.actor = -1  # set with `epoch`, `ref` and `started` when sent
         self.epoch = 0
@@ -95,12 +105,21 @@ class Call:
 
     @property
     def point(self) -> Point:
-        """The called actor's point in the mesh it was called through (known once sent)."""
+        """The called actor's point in the mesh it was called through (known once sent): for a
+        hedged call, the actor of the copy that gave the result."""
         if self._point is None:
-            if self.target is None or self.actor < 0:
+            sender = self.sender()
+            if self.target is None or sender.actor < 0:
                 raise RuntimeError(f"{self.method}: the call was never sent to an actor")
-            self._point = self.target.point_of(self.actor)
+            self._point = self.target.point_of(sender.actor)
         return self._point
+
+    def sender(self) -> Call:
+        """The copy whose ObjectRef the settled future holds: this call, or its hedge copy."""
+        twin = self.twin
+        if twin is None or not self.future.done() or self.future.exception() is not None:
+            return self
+        return twin if twin.out is self.future.result() else self
 
     def error(self, error: RayError) -> BaseException:
         """`error`, which the call ended with, as actormesh raises it: naming the actor's rank and
@@ -147,7 +166,7 @@ def read(call: Call) -> Any:
         try:
             return ray.get(ref)
         except RayError as err:
-            raise call.error(err) from None
+            raise call.sender().error(err) from None
     value, error = batch.element(call.index)
     if error is not None:
         raise call.error(error) from None
@@ -158,11 +177,11 @@ def own_ref(call: Call) -> ray.ObjectRef[Any] | None:
     """The ObjectRef of `call`'s own value: its Ray call's, or for a call that rode a batch
     (whose task holds every call's value), one put for it once it has ended, on first use. A
     call still waiting for a slot is waited for; None if it never ran (it failed first)."""
-    if call.ref is None:
+    if call.ref is None or call.hedge is not None:  # a hedged call: whichever copy wins
         call.future.wait()
     batch = call.batch
     if batch is None:
-        return call.ref
+        return call.sender().ref
     call.future.wait()
     if call.out is batch.ref:
         value, error = batch.element(call.index)
@@ -185,10 +204,11 @@ def read_sent(call: Call, timeout: float | None) -> Any:
 
     NOT_READ when that cannot tell the outcome: not sent alone yet, an error (a lost call may
     be retried: its future tells), `timeout` or the call's own deadline passed, or it was
-    cancelled or timed out meanwhile. The caller then waits for the future.
+    cancelled or timed out meanwhile; and for a hedged call, whose second copy may end first.
+    The caller then waits for the future.
     """
     ref = call.ref
-    if ref is None or call.batch is not None:
+    if ref is None or call.batch is not None or call.hedge is not None:
         return NOT_READ
     if call.deadline is not None:
         left = max(call.deadline - time.monotonic(), 0.0)
@@ -213,6 +233,15 @@ class Router:
         self.points = list(points)
         self.scheduler = scheduler
         self.coalesces = scheduler.coalesce > 1
+        self.sessions = SessionKeys(scheduler.affinity_capacity)
+        # Over actors that run calls in order, a hedged call and its copy go only to an idle
+        # actor: a copy that lost cannot be taken out of such an actor's queue (`cancel_sent`).
+        self.in_order = not all(_ray.runs_calls_at_once(h) for h in self.handles)
+        self.hedges = Hedges(self, idle=self.in_order)
+        # The loop-thread timer that ends the scheduler's holds (`_watch_holds`).
+        self._holds = scheduler.may_hold
+        self._hold_timer_at = math.inf
+        self._hold_lock = threading.Lock()
         self._send_batch_to = send_batch
         self._method_ids: dict[str, int] = {}
         self._method_ids_lock = threading.Lock()
@@ -272,7 +301,8 @@ class Router:
         assert call.target is not None
         try:
             decision = self.scheduler.submit(call.target.group, call.affinity, call,
-                                             time.perf_counter(), call.method_id, call.alone)
+                                             time.perf_counter(), call.method_id, call.alone,
+                                             call.hedge is not None and self.in_order)
         except _native.NoLiveActors as err:
             call.fail(NoLiveActorsError(f"{call.method}: {err}"))
             return
@@ -283,6 +313,8 @@ class Router:
             self._send(decision.actor, call, fresh=True)
         else:
             call.ticket = decision.ticket
+            if self._holds:
+                self._watch_holds()
 
     def _send(self, actor: int, call: Call, fresh: bool = False) -> None:
         """Send `call` to `actor`, whose slot it holds. A call that waited (not `fresh`) may have
@@ -310,12 +342,32 @@ class Router:
             ref._on_ready(call.ended)
         except Exception as err:  # e.g. an argument that cannot be serialised
             self._give_back(actor)
-            call.fail(err)
+            if call.copy:  # the first copy runs on: its own outcome is the call's
+                call.finished = True
+                log.warning("actormesh: a hedge copy of %s could not be sent: %s", call.method, err)
+            else:
+                call.fail(err)
             return
-        if call.future.done():  # cancelled while being sent: `cancel` may not have seen `ref`
+        if call.future.done():  # cancelled (or, a copy, won) while being sent: `ref` was unseen
             self.cancel_sent(call)
-        if not call.retries:  # Ray holds what it sent; free the caller's objects with its future
+        elif call.hedge is not None and call.twin is None:
+            self.hedges.arm(call)
+        if not call.retries and (call.hedge is None or call.twin is not None):
+            # Ray holds what it sent; free the caller's objects with its future (a hedged call
+            # keeps them for its copy)
             call.args, call.kwargs = (), _NO_KWARGS
+
+    def send_copy(self, actor: int, call: Call) -> None:
+        """Send a second copy of the hedged `call` to `actor`, whose slot the scheduler counted
+        for it (loop thread). It shares the call's future: the first copy to end settles it."""
+        copy = Call(self, call.method, call.args, call.kwargs, target=call.target,
+                    method_id=call.method_id, alone=True)
+        copy.future = call.future
+        copy.twin, copy.copy = call, True
+        call.twin = copy
+        if not call.retries:
+            call.args, call.kwargs = (), _NO_KWARGS
+        self._send(actor, copy, fresh=True)
 
     def _send_batch(self, actor: int, calls: list[Call]) -> None:
         """Send queued calls the scheduler gave `actor` together as one Ray task. Those cancelled
@@ -384,7 +436,10 @@ class Router:
     def _hand_on(self, drained: list[_native.Decision], actor: int) -> None:
         """After a slot was freed: the queued calls it went to are sent from the loop thread, as
         is the drain a Python Balancer defers. Calls freed while a send is already on its way
-        join it: one wake-up of the loop thread serves them all."""
+        join it: one wake-up of the loop thread serves them all. A slot no queued call took may
+        take the copy of a late hedged call; a hold may have begun."""
+        if self._holds:
+            self._watch_holds()
         if drained:
             with self._outbox_lock:
                 self._outbox.extend(drained)
@@ -394,6 +449,30 @@ class Router:
             _loop.post(self._send_outbox)
         elif not self._drain_inline and self.scheduler.queued():
             _loop.post(self._drain, actor)
+        elif self.hedges.has_due():
+            self.hedges.retry_soon()
+
+    def _watch_holds(self) -> None:
+        """Arm the loop-thread timer that ends the scheduler's earliest hold (any thread), unless
+        one that fires no later is armed already."""
+        deadline = self.scheduler.hold_deadline_s()
+        if deadline >= self._hold_timer_at:
+            return
+        with self._hold_lock:
+            if deadline >= self._hold_timer_at:
+                return
+            self._hold_timer_at = deadline
+        _loop.call_later(max(deadline - time.perf_counter(), 0.0), self._expire_holds)
+
+    def _expire_holds(self) -> None:
+        """The calls held back from a straggler for as long as it takes to serve one go to it
+        (loop thread); then the timer is armed for the holds left."""
+        with self._hold_lock:
+            self._hold_timer_at = math.inf
+        if self.closed:
+            return
+        self.send_drained(lambda _: self.scheduler.expire_holds(time.perf_counter()), -1)
+        self._watch_holds()
 
     def _send_outbox(self) -> None:
         with self._outbox_lock:
@@ -443,12 +522,17 @@ class Router:
                                                   outcome == _ray.OK, self._drain_inline, 1,
                                                   call.method_id, timed)
             self._hand_on(drained, call.actor)
-            if lost and self._retried(call):
+            twin = call.twin
+            if twin is not None and lost and not twin.finished:
+                return  # a copy lost to its actor's death: the other copy still runs
+            if lost and self._retried(twin if call.copy and twin is not None else call):
                 return
             if error is not None:
                 call.fail(call.error(error) if isinstance(error, RayError) else error)
             else:
                 call.settle(call.out)
+            if twin is not None and not twin.finished:  # the first to end won: stop the other
+                _loop.post(self.cancel_sent, twin)
         except BaseException as err:  # a bug here must not leave the call unsettled
             log.exception("actormesh: ending %s failed", call.method)
             call.fail(err)
@@ -517,8 +601,10 @@ class Router:
                 self.scheduler.cancel(call.ticket)  # False: given a slot meanwhile; _send sees it
             # Settled first, then `ref` read: a send under way either sees the call settled
             # or has set `ref` by now, so one of the two cancels it.
-            if call.future.set_exception(_copy(error)) and call.ref is not None:
-                self.cancel_sent(call)
+            if call.future.set_exception(_copy(error)):
+                for copy in (call, call.twin):
+                    if copy is not None and copy.ref is not None:
+                        self.cancel_sent(copy)
 
     def cancel_sent(self, call: Call) -> None:
         """Ask Ray to stop a call that was sent, where Ray can: an async (or threaded) actor
@@ -527,7 +613,8 @@ class Router:
         without stalling the actor (`_ray.runs_calls_at_once`). Never a kill. A call that rode
         a batch is dropped when the batch ends; the batch's task is cancelled only once every
         call in it has been."""
-        if not _ray.runs_calls_at_once(self.handles[call.actor]):
+        if call.ref is None or call.finished or not _ray.runs_calls_at_once(
+                self.handles[call.actor]):
             return
         batch = call.batch
         if batch is not None and not all(c.future.done() for c in batch.calls):

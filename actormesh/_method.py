@@ -25,7 +25,7 @@ from typing import Any, Concatenate, Generic, Protocol, TypeVar, overload
 import ray
 from typing_extensions import ParamSpec, Self
 
-from . import _loop, _share
+from . import _hedge, _loop, _share
 from ._calls import Call, Router
 from ._future import MeshFuture, ValueMesh
 from ._map import MeshMap
@@ -51,9 +51,11 @@ class CallOptions:
     dispatch: Dispatch | None = None
     return_exceptions: bool = False
     retries: int = 0
+    hedge: bool | float | None = None  # `choose` and `map`: see `MeshMethod.options`
 
     def __post_init__(self) -> None:
         check_timeout("timeout", self.timeout)
+        _hedge.check(self.hedge)
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries={self.retries!r}: must be an int >= 0")
         if self.dispatch is not None and not isinstance(self.dispatch, Dispatch):
@@ -121,7 +123,7 @@ class MeshMethod(Generic[P, R_co]):
     """One method of the mesh's actor class, bound to a mesh: the verbs `all`, `choose`, `shard`."""
 
     __slots__ = ("_target", "_name", "_options", "_choose_label", "_alone", "_method_id",
-                 "_rides")
+                 "_rides", "_hedge")
 
     def __init__(self, target: Target, name: str, options: CallOptions, *,
                  alone: bool = False) -> None:
@@ -133,6 +135,7 @@ class MeshMethod(Generic[P, R_co]):
         router = target.router
         self._method_id = router.method_id(name, alone)
         self._rides = router.coalesces and not alone
+        self._hedge = _hedge.check(options.hedge)
 
     @property
     def name(self) -> str:
@@ -140,6 +143,7 @@ class MeshMethod(Generic[P, R_co]):
 
     def all(self, *args: P.args, **kwargs: P.kwargs) -> MeshFuture[ValueMesh[R_co]]:
         """Call every actor of the mesh with the same arguments."""
+        self._refuse_hedge("all")
         shape = self._target.shape
         every = {position: (args, kwargs) for position in range(shape.size)}
         return self._send_each("all", every, lambda values: ValueMesh(shape, values),
@@ -153,7 +157,7 @@ class MeshMethod(Generic[P, R_co]):
             router.check_open(self._name)
         call = Call(router, self._name, args, kwargs, target=target, key=options.affinity,
                     retries=options.retries, method_id=self._method_id,
-                    alone=self._rides and _has_ref(args, kwargs))
+                    alone=self._rides and _has_ref(args, kwargs), hedge=self._hedge)
         future: MeshFuture[R_co] = MeshFuture.of_call(
             call, self._choose_label, return_exceptions=options.return_exceptions)
         router.route(call)
@@ -189,6 +193,7 @@ class MeshMethod(Generic[P, R_co]):
 
     def shard(self, *args: P.args, **kwargs: P.kwargs) -> MeshFuture[R_co]:
         """Split the arguments across the actors with the method's dispatch; collect the results."""
+        self._refuse_hedge("shard")
         dispatch = self._options.dispatch
         if dispatch is None:
             raise TypeError(
@@ -222,6 +227,14 @@ class MeshMethod(Generic[P, R_co]):
             _expire(router, self._options.timeout, calls, label, future._future)
         return future
 
+    def _refuse_hedge(self, verb: str) -> None:
+        if self._hedge is not None:
+            raise ValueError(
+                f"{self._target.label}.{self._name}.{verb}: hedge={self._options.hedge!r} is for "
+                "choose and map (a call to one actor, which another actor can run instead); "
+                f"{verb} calls given actors. Leave hedge= out for {verb}."
+            )
+
     def options(
         self,
         *,
@@ -230,14 +243,24 @@ class MeshMethod(Generic[P, R_co]):
         dispatch: Dispatch | None = _UNSET,
         return_exceptions: bool = _UNSET,
         retries: int = _UNSET,
+        hedge: bool | float | None = _UNSET,
     ) -> Self:
-        """A copy of this method with some per-call settings changed."""
+        """A copy of this method with some per-call settings changed.
+
+        `hedge=True` (`choose` and `map`, for calls safe to run twice): a call that has not
+        ended after a high percentile (95th) of the method's recent service times on this mesh
+        (or after `hedge=` seconds) is sent once more, to another actor with a free slot; the
+        first copy to end gives the result and the other is cancelled where Ray can. At most
+        one extra copy per call, and at most about one call in twenty is hedged
+        (`_hedge.BUDGET`, with a burst of `_hedge.BURST`).
+        """
         given: dict[str, Any] = {
             "affinity": affinity,
             "timeout": timeout,
             "dispatch": dispatch,
             "return_exceptions": return_exceptions,
             "retries": retries,
+            "hedge": hedge,
         }
         changes = {k: v for k, v in given.items() if v is not _UNSET}
         return type(self)(self._target, self._name, dataclasses.replace(self._options, **changes),

@@ -39,6 +39,8 @@ Shared rules, native and here:
   taken on the driver are inflated by its own delays, never deflated.
 - Start-up: the first sample of an incarnation (`fresh`) may only lower an estimate; an estimate
   that has no other sample takes it provisionally, and the next sample replaces it if lower.
+  An actor sent a task after STALE_TASKS_PER_ACTOR tasks per actor went elsewhere is stale: its
+  next sample replaces its estimate.
   The method keeps its latest non-start-up samples (RECENT of them) for a percentile.
 """
 
@@ -105,6 +107,7 @@ class ActorLoad:
     last_end_s: float = -math.inf
     fresh: bool = True  # the next sample is the incarnation's first: it may include start-up
     provisional: bool = False  # ewma_s holds one sample, which may include start-up
+    stale: bool = False  # not sent a task for long: the next sample replaces the estimate
 
     @property
     def known(self) -> bool:
@@ -148,7 +151,8 @@ RISE_SLOWER = 8.0
 RECENT = 64  # samples a method keeps for its percentile
 ENOUGH = 8  # fewer samples tell no percentile
 MIN_TIME = 1e-9
-PROBE_AFTER = 1000  # a straggler not sent a task for this many tasks gets the call
+STALE_TASKS_PER_ACTOR = 50.0  # an actor not sent a task for this many per actor is stale
+PATIENCE = 4.0  # a hold lasts at most this many times the expected wait
 HEDGE_SLOWER = 2.0  # a hedge never goes to an actor over this many times slower
 UNKNOWN_CLASS = -(2**31)
 
@@ -316,14 +320,15 @@ class Scheduler:
         self._add_load(actor, 1, 1)
         return Decision(call.ticket, actor)
 
-    def hedge(self, group: int, first: int) -> int:
-        """An idle member other than `first`, not over HEDGE_SLOWER times slower, for a second
-        copy of a call running on `first`; -1 if none or if calls wait in the group's queue."""
+    def hedge(self, group: int, first: int, idle: bool = True) -> int:
+        """A member other than `first` (with `idle`, one with no call in flight), not over
+        HEDGE_SLOWER times slower, for a second copy of a call running on `first`; -1 if none
+        or if calls wait in the group's queue."""
         g = self._group(group)
         self._check_actor(first)
         if g.queue:
             return -1
-        target = self._idle_member(g, first)
+        target = self._free_member(g, first, idle)
         if target is None:
             return -1
         to, running = self._loads[target], self._loads[first]
@@ -444,7 +449,7 @@ class Scheduler:
                 return last
         actor = self._pick(g, self._eligible_members(g), key)
         if call.idle_only and self._loads[actor].tasks > 0:
-            idle = self._idle_member(g, -1)
+            idle = self._free_member(g, -1, True)
             if idle is None:
                 return None
             actor = idle
@@ -454,36 +459,39 @@ class Scheduler:
             self._remember(key, actor)
         return actor
 
-    def _idle_member(self, g: Group, exclude: int) -> int | None:
-        """The eligible member with no call in flight, other than `exclude`, that the adaptive
-        order puts first (lowest rank on ties)."""
-        idle = [a for a in g.members
-                if a != exclude and self._eligible(a) and self._loads[a].in_flight == 0]
-        return min(idle, key=lambda a: self._adaptive_key(a), default=None)
+    def _free_member(self, g: Group, exclude: int, idle: bool) -> int | None:
+        """The eligible member other than `exclude` (with `idle`, with no call in flight) that
+        the adaptive order puts first (lowest rank on ties)."""
+        free = [a for a in g.members if a != exclude and self._eligible(a)
+                and not (idle and self._loads[a].in_flight)]
+        return min(free, key=self._adaptive_key, default=None)
 
     def _holds(self, g: Group, actor: int, waiting: int) -> bool:
         """Whether a call is held back from the straggler `actor` (see the native core's
-        Scheduler::holds): it is over hold_ratio times slower than the harmonic mean of the
-        other rated members, and they are expected to take and finish the call sooner,
-        (waiting + others) / rate < its time; at most until its mean service time has passed
-        without a call leaving the queue."""
+        Scheduler::holds): its time (its mean service time, halved for every
+        STALE_TASKS_PER_ACTOR tasks per actor sent since its last) is over hold_ratio times the
+        harmonic mean of the other rated members, and they are expected to take and finish the
+        call sooner, wait = (waiting + others) / rate < its time; at most PATIENCE * wait, or
+        its time if sooner, without a call leaving the queue."""
         if not self.may_hold():
             return False
         load = self._loads[actor]
-        if not load.known or self._tasks_sent - load.last_task >= PROBE_AFTER:
+        if not load.known:
             return False
         rated, speed = self._rating(actor)
         others = g.rated - rated
         rate = g.rate - speed
         if others == 0 or not rate > 0:
             return False
-        time = max(load.low_s, MIN_TIME)
-        if not time > self._hold_ratio * others / rate or not time > (waiting + others) / rate:
+        assert load.ewma_s is not None
+        passed_over = (self._tasks_sent - load.last_task) / self._stale_after()
+        time = max(load.ewma_s * math.pow(2.0, -passed_over), MIN_TIME)
+        wait = (waiting + others) / rate
+        if not time > self._hold_ratio * others / rate or not time > wait:
             return False
         if not g.holding:
-            assert load.ewma_s is not None
             g.holding = True
-            g.hold_until = self._clock + load.ewma_s
+            g.hold_until = self._clock + min(time, PATIENCE * wait)
             self._earliest_hold = min(self._earliest_hold, g.hold_until)
             return True
         return self._clock < g.hold_until
@@ -663,11 +671,16 @@ class Scheduler:
             return g.members
         return [a for a in g.members if self._eligible(a)]
 
+    def _stale_after(self) -> float:
+        return STALE_TASKS_PER_ACTOR * self.num_actors
+
     def _add_load(self, actor: int, calls: int, tasks: int) -> None:
         was = self._eligible(actor)
         self._loads[actor].in_flight += calls
         self._loads[actor].tasks += tasks
         if tasks > 0:
+            if self._tasks_sent - self._loads[actor].last_task >= self._stale_after():
+                self._loads[actor].stale = True
             self._tasks_sent += 1
             self._loads[actor].last_task = self._tasks_sent
         self._blocked += was - self._eligible(actor)
@@ -680,11 +693,12 @@ class Scheduler:
         self._rerate(actor, rating)
 
     def _rating(self, actor: int) -> tuple[int, float]:
-        """(1, its speed 1 / low_s) for an alive actor whose speed is known, else (0, 0.0)."""
+        """(1, its speed 1 / ewma_s) for an alive actor whose speed is known, else (0, 0.0)."""
         load = self._loads[actor]
         if not (load.alive and load.known):
             return 0, 0.0
-        return 1, 1.0 / max(load.low_s, MIN_TIME)
+        assert load.ewma_s is not None
+        return 1, 1.0 / max(load.ewma_s, MIN_TIME)
 
     def _rerate(self, actor: int, before: tuple[int, float]) -> None:
         """Carries a change of the actor's rating into its groups' sums, as the native core."""
@@ -709,6 +723,9 @@ class Scheduler:
         if not ok or sample < 0:
             return
         startup, load.fresh = load.fresh, False
+        stale = load.stale and not startup
+        if not startup:
+            load.stale = False
         weight = self._alpha if calls == 1 else 1.0 - (1.0 - self._alpha) ** calls
         if load.ewma_s is None:  # the first sample moves the prior like any other
             prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
@@ -717,7 +734,7 @@ class Scheduler:
             load.provisional = startup
             self._ewma_sum += load.ewma_s
             self._measured += 1
-        elif load.provisional and sample < load.ewma_s:
+        elif (load.provisional and sample < load.ewma_s) or stale:
             load.provisional = startup
             self._ewma_sum += sample - load.ewma_s
             load.ewma_s = sample

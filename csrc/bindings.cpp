@@ -377,10 +377,10 @@ NB_MODULE(_native, m) {
                   "alone: bool = False, idle_only: bool = False) -> Decision"))
       .def(
           "hedge",
-          [](PyScheduler& s, int64_t group, int64_t first) {
-            return with_gil_rule(s, [&] { return s.hedge(group, first); });
+          [](PyScheduler& s, int64_t group, int64_t first, bool idle) {
+            return with_gil_rule(s, [&] { return s.hedge(group, first, idle); });
           },
-          "group"_a, "first"_a)
+          "group"_a, "first"_a, "idle"_a = true)
       .def("hold_deadline_s",
            [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.hold_deadline_s(); }); })
       .def(

@@ -30,7 +30,7 @@ struct Group {
   uint32_t preferred = 0;         // eligible members not ejected: what the policy picks among
   LoadHistogram preferred_loads;  // in_flight of the preferred members
   // The members whose speed is known (alive, not ejected, measured beyond start-up): how many,
-  // and the sum of their speeds (1 / low_s), i.e. the calls per second they serve together.
+  // and the sum of their speeds (1 / ewma_s), i.e. the calls per second they serve together.
   uint32_t rated = 0;
   double rate = 0.0;
   // FIFO. Non-empty while `eligible` is 0; or while its first call waits though a member is
@@ -40,6 +40,7 @@ struct Group {
   std::list<QueuedCall> queue;
   // The first call is held back from an eligible straggler, at the latest until `hold_until`
   // (the scheduler's clock): then it goes to the straggler, even if no faster actor has freed.
+  // (Scheduler::holds.)
   bool holding = false;
   double hold_until = 0.0;
   std::unique_ptr<Policy> policy;

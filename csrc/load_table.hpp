@@ -26,6 +26,9 @@ struct ActorLoad {
   // __init__, so its sample may include start-up (see LoadTable::record).
   bool fresh = true;
   bool provisional = false;  // ewma_s holds one sample only, which may include start-up
+  // It had not been sent a task for a long while (see LoadTable::add): its estimate is stale,
+  // and its next sample replaces it.
+  bool stale = false;
   double ewma_s = 0.0;     // moving average of service time, seconds
   double low_s = 0.0;      // the same, slow to rise (see `lower`): pipeline rule, speed class
   double last_end_s = -std::numeric_limits<double>::infinity();  // latest completion seen
@@ -62,6 +65,10 @@ constexpr double kRiseSlower = 8.0;
 inline double lower(double estimate, double sample, double weight) {
   return estimate + (sample < estimate ? weight : weight / kRiseSlower) * (sample - estimate);
 }
+
+// An actor not sent a task while the mesh was sent this many per actor is stale (its estimate
+// may be out of date); a held-back straggler's estimate counts half as much after as long.
+constexpr double kStaleTasksPerActor = 50.0;
 
 // The shortest service time the core reasons with: a sample of 0 s (a completion reported at the
 // instant of its send) must not make an actor infinitely fast.
@@ -130,8 +137,15 @@ class LoadTable {
     ActorLoad& a = actors_[actor];
     a.in_flight += calls;
     a.tasks += tasks;
-    if (tasks > 0) a.last_task = ++tasks_sent_;
+    if (tasks > 0) {
+      if (static_cast<double>(age(actor)) >= stale_after()) a.stale = true;
+      a.last_task = ++tasks_sent_;
+    }
   }
+
+  // Tasks sent to the mesh since `actor` was last sent one.
+  uint64_t age(uint32_t actor) const { return tasks_sent_ - actors_[actor].last_task; }
+  double stale_after() const { return kStaleTasksPerActor * static_cast<double>(size()); }
 
   // Registers a method; its id indexes `method`. Method 0 exists from the start: any call.
   uint32_t add_method(bool alone) {
@@ -161,7 +175,8 @@ class LoadTable {
   // estimate but never raise one; an estimate that has no other sample takes it provisionally,
   // and the next sample replaces it if lower. So an estimate forgets start-up by its second
   // sample, and a restart never inflates what was learnt before it. Start-up samples never
-  // enter the percentile window.
+  // enter the percentile window. A stale estimate (see `add`) is replaced by the next sample:
+  // a straggler that was passed over for long may have recovered.
   void record(uint32_t actor, double started_s, double ended_s, bool ok, uint32_t calls = 1,
               uint32_t method = 0, bool timed = true) {
     ActorLoad& a = actors_[actor];
@@ -176,7 +191,9 @@ class LoadTable {
     a.last_end_s = std::max(a.last_end_s, ended_s);
     if (!ok || sample < 0.0) return;
     const bool startup = a.fresh;
+    const bool stale = a.stale && !startup;
     a.fresh = false;
+    if (!startup) a.stale = false;
     const double weight = calls == 1 ? alpha_ : 1.0 - std::pow(1.0 - alpha_, calls);
     if (!a.measured) {
       // The first sample moves the prior like any other: one lucky (or unlucky) call must not
@@ -188,8 +205,9 @@ class LoadTable {
       a.low_s = sample;
       ewma_sum_ += a.ewma_s;
       ++measured_;
-    } else if (a.provisional && sample < a.ewma_s) {
-      // The one sample so far may have included start-up, and this one is lower: start from it.
+    } else if ((a.provisional && sample < a.ewma_s) || stale) {
+      // The one sample so far may have included start-up and this one is lower, or the
+      // estimate is out of date: start from this sample.
       a.provisional = startup;
       ewma_sum_ += sample - a.ewma_s;
       a.ewma_s = sample;

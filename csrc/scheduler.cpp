@@ -230,7 +230,7 @@ Scheduler::Standing Scheduler::standing(uint32_t actor) const {
   const ActorLoad& load = loads_[actor];
   const bool rated = load.alive() && !load.ejected && load.known();
   return {load.in_flight, load.live(), loads_.eligible(actor), loads_.preferred(actor), rated,
-          rated ? 1.0 / std::max(load.low_s, kMinTime) : 0.0};
+          rated ? 1.0 / std::max(load.ewma_s, kMinTime) : 0.0};
 }
 
 void Scheduler::changed(uint32_t actor, const Standing& before) {
@@ -316,7 +316,7 @@ std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call
   }
   uint32_t actor = g.members[pos];
   if (call.idle_only && loads_[actor].tasks > 0) {
-    const std::optional<uint32_t> idle = idle_member(group, -1, true);
+    const std::optional<uint32_t> idle = free_member(group, -1, true, true);
     if (!idle) return std::nullopt;
     actor = *idle;
   }
@@ -325,19 +325,21 @@ std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call
   return actor;
 }
 
-// The member with no call in flight that the adaptive order puts first (the fastest class, then
-// the most recently sent a task, then the lowest rank), other than `exclude`: among the
-// preferred members, or with `fallback` among the eligible ones when every one is ejected. A
-// scan, but only for hedged calls, and O(1) when no preferred member is idle.
-std::optional<uint32_t> Scheduler::idle_member(uint32_t group, int64_t exclude,
+// The member other than `exclude` that the adaptive order puts first (the fewest calls in
+// flight, the fastest class, the most recently sent a task, the lowest rank): among the
+// preferred members, or with `fallback` among the eligible ones when every one is ejected; with
+// `idle`, only one with no call in flight. A scan, but only for hedged calls, and O(1) when an
+// idle one is wanted and no preferred member is idle.
+std::optional<uint32_t> Scheduler::free_member(uint32_t group, int64_t exclude, bool idle,
                                                bool fallback) const {
   const Group& g = groups_[group];
   const bool among_preferred = g.preferred > 0;
-  if (among_preferred ? g.preferred_loads.min() > 0 : !fallback) return std::nullopt;
+  if (!among_preferred && !fallback) return std::nullopt;
+  if (idle && among_preferred && g.preferred_loads.min() > 0) return std::nullopt;
   std::optional<uint32_t> best;
   AdaptiveKey best_key{};
   for (const uint32_t actor : g.members) {
-    if (actor == exclude || loads_[actor].in_flight > 0) continue;
+    if (actor == exclude || (idle && loads_[actor].in_flight > 0)) continue;
     if (!(among_preferred ? loads_.preferred(actor) : loads_.eligible(actor))) continue;
     const AdaptiveKey key = adaptive_key(loads_[actor]);
     if (!best || key < best_key) {
@@ -350,31 +352,35 @@ std::optional<uint32_t> Scheduler::idle_member(uint32_t group, int64_t exclude,
 
 // Whether a call is held back from `actor`, the eligible member the policy picked: with
 // `adaptive` over actors with task slots, while `actor` is a straggler (its service time over
-// hold_ratio times the harmonic mean of the other members whose speed is known) and the other
-// members are expected to take and finish the call sooner than `actor` would: through the
-// `waiting` calls at their joint rate R, then one of their own service times,
-// (waiting + others) / R < the straggler's time. A hold never strands a call: it ends once
-// the straggler's own mean service time has passed without a call leaving the group's queue
-// (the faster actors may have hung), and a straggler not sent a task for kProbeAfter tasks
-// gets the call, so that one that has recovered is seen again.
+// hold_ratio times the harmonic mean of the other members whose speed is known) and the
+// other members are expected to take and finish the call sooner than `actor` would: through
+// the `waiting` calls at their joint rate R, then one of their own service times,
+// W = (waiting + others) / R < the straggler's time.
+// The straggler's time is its mean, counted half as much for every kStaleTasksPerActor tasks
+// per actor the mesh was sent since the straggler's last: one passed over is tried again now
+// and then (sooner when the wait it spares is long), and being stale its next sample replaces
+// its estimate, so a straggler that has recovered is seen at once.
+// A hold never strands a call, and a wrong one (an actor that only looks slow, having run a
+// slower method) costs little: it ends kPatience * W after it began, or once the straggler's
+// time has passed if that is sooner, when no call has left the group's queue meanwhile (the
+// faster actors may have hung).
 bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
-  constexpr uint64_t kProbeAfter = 1000;
+  constexpr double kPatience = 4.0;
   if (!may_hold()) return false;
   const ActorLoad& a = loads_[actor];
-  if (!a.known() || loads_.tasks_sent() - a.last_task >= kProbeAfter) return false;
+  if (!a.known()) return false;
   Group& g = groups_[group];
   const Standing s = standing(actor);
   const uint32_t others = g.rated - static_cast<uint32_t>(s.rated);
   const double rate = g.rate - s.rate;
   if (others == 0 || !(rate > 0.0)) return false;
-  const double time = std::max(a.low_s, kMinTime);
-  if (!(time > config_.hold_ratio * others / rate) ||
-      !(time > static_cast<double>(waiting + others) / rate)) {
-    return false;
-  }
+  const double passed_over = static_cast<double>(loads_.age(actor)) / loads_.stale_after();
+  const double time = std::max(a.ewma_s * std::pow(2.0, -passed_over), kMinTime);
+  const double wait = static_cast<double>(waiting + others) / rate;
+  if (!(time > config_.hold_ratio * others / rate) || !(time > wait)) return false;
   if (!g.holding) {
     g.holding = true;
-    g.hold_until = clock_ + a.ewma_s;
+    g.hold_until = clock_ + std::min(time, kPatience * wait);
     earliest_hold_ = std::min(earliest_hold_, g.hold_until);
     return true;
   }
@@ -455,13 +461,13 @@ Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint
   return {call.ticket, static_cast<int32_t>(*actor), 0};
 }
 
-int32_t Scheduler::hedge(int64_t group, int64_t first) {
+int32_t Scheduler::hedge(int64_t group, int64_t first, bool idle) {
   constexpr double kSlower = 2.0;
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t id = check_group(group);
   const uint32_t running = check_actor(first);
   if (!groups_[id].queue.empty()) return -1;
-  const std::optional<uint32_t> target = idle_member(id, running, false);
+  const std::optional<uint32_t> target = free_member(id, running, idle, false);
   if (!target) return -1;
   const ActorLoad& to = loads_[*target];
   const ActorLoad& from = loads_[running];

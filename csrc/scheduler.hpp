@@ -34,8 +34,8 @@ struct SchedulerConfig {
   int64_t coalesce = 1;
   double batch_budget_s = 0.002;
   // `adaptive` over actors with task slots (max_tasks > 0): a call is held back from a free
-  // actor whose service time is over `hold_ratio` times the other members' (their harmonic
-  // mean), while a faster member is expected to take and finish it sooner (0: never).
+  // actor whose mean service time is over `hold_ratio` times the other members' (their
+  // harmonic mean), while a faster member is expected to take and finish it sooner (0: never).
   double hold_ratio = 0.0;
   uint64_t seed = 0;
   double ewma_alpha = 0.2;
@@ -108,11 +108,11 @@ class Scheduler {
   Decision submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload = 0,
                   double now_s = std::numeric_limits<double>::quiet_NaN(), int64_t method = 0,
                   bool alone = false, bool idle_only = false);
-  // A second copy of a call running on `first` (hedging): the idle preferred member of the group
-  // expected to finish first, other than `first` and not over twice as slow as it, counted as a
-  // call and a task; -1 when there is none, or when calls wait in the group's queue (they come
-  // first).
-  int32_t hedge(int64_t group, int64_t first);
+  // A second copy of a call running on `first` (hedging): the preferred member of the group that
+  // the adaptive order puts first (with `idle`, one with no call in flight), other than `first`
+  // and not over twice as slow as it, counted as a call and a task; -1 when there is none, or
+  // when calls wait in the group's queue (they come first).
+  int32_t hedge(int64_t group, int64_t first, bool idle = true);
   // When the earliest hold ends (the scheduler's clock), +inf when no call is held back.
   double hold_deadline_s() const;
   // Ends the holds that are due at `now_s`: their calls go to the actors they were held from.
@@ -195,7 +195,7 @@ class Scheduler {
     bool eligible;
     bool preferred;
     bool rated;   // alive, not ejected, and its speed known
-    double rate;  // its speed, 1 / low_s, when rated; else 0
+    double rate;  // its speed, 1 / ewma_s, when rated; else 0
   };
   Standing standing(uint32_t actor) const;
   // Propagates a change of `actor`'s load, liveness or ejection to every group it belongs to.
@@ -203,7 +203,8 @@ class Scheduler {
   // Counts `calls` more calls on `actor`, carried by `tasks` more tasks.
   void add_load(uint32_t actor, int32_t calls, int32_t tasks);
   std::optional<uint32_t> choose(uint32_t group, const QueuedCall& call, uint64_t waiting);
-  std::optional<uint32_t> idle_member(uint32_t group, int64_t exclude, bool fallback) const;
+  std::optional<uint32_t> free_member(uint32_t group, int64_t exclude, bool idle,
+                                      bool fallback) const;
   bool holds(uint32_t group, uint32_t actor, uint64_t waiting);
   void dispatched_from(uint32_t group);
   void see_time(double now_s);

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import gc
+import itertools
 import logging
 import queue
 import threading
@@ -27,13 +28,16 @@ from ray.exceptions import ActorDiedError as RayActorDiedError
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayTaskError, TaskCancelledError
 
 import actormesh as am
-from actormesh import _batch, _bulk, _calls, _future, _loop, _native, _ray
+from actormesh import _batch, _bulk, _calls, _future, _hedge, _loop, _native, _ray
 from actormesh._balancer import make_scheduler
 from actormesh._calls import Router
 from actormesh._method import CallOptions, MeshMethod, Target
 from actormesh._shape import Point, Shape
 
 # -- the harness ----------------------------------------------------------------------------
+
+
+_sent_order = itertools.count()
 
 
 class FakeRef:
@@ -47,6 +51,7 @@ class FakeRef:
         self.kind = _ray.OK
         self.cancelled = False  # `ray.cancel` was called on it
         self.finished = threading.Event()  # its value (or error) exists
+        self.order = next(_sent_order)  # when it was sent, among every harness's calls
         handle.harness.on_sent(self)
 
     def _on_ready(self, callback: Callable[[BaseException | None], None]) -> None:
@@ -1204,3 +1209,249 @@ def test_an_argument_that_cannot_be_sent_fails_its_call_only_even_in_a_batch() -
     h.finish_all(0, "sent")
     assert (futures[0].get(timeout=5), futures[2].get(timeout=5)) == ("sent", "sent")
     assert_idle(h)
+
+
+# -- hedged calls ---------------------------------------------------------------------------
+def sent(h: Harness) -> list[FakeRef]:
+    """Every Ray call the harness's handles were sent, in order."""
+    return sorted((r for handle in h.handles for r in handle.sent), key=lambda r: r.order)
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for what the loop thread's timers do (a hedge delay) to have happened."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.001)
+
+
+def loop_passed(delay_s: float) -> None:
+    """Return once the loop thread has run every timer due within `delay_s` from now."""
+    passed = threading.Event()
+    _loop.call_later(delay_s, passed.set)
+    assert passed.wait(10)
+
+
+def hedged_pair(h: Harness, **options: Any) -> tuple[am.MeshFuture[Any], FakeRef, FakeRef]:
+    """A hedged call that did not end: its future, its first copy and its second."""
+    future = h.method(hedge=0.01, **options).choose(5)
+    eventually(lambda: len(sent(h)) == 2)
+    first, copy = sent(h)
+    return future, first, copy
+
+
+def test_a_late_call_is_sent_once_more_to_another_actor_and_the_first_copy_to_end_wins() -> None:
+    h = Harness(3)
+    future, first, copy = hedged_pair(h)
+    assert copy.handle is not first.handle and copy.args == (5,)
+    h.finish(copy, "copy")
+    assert future.get(timeout=5) == "copy"
+    assert first.cancelled  # the loser, on an actor that runs calls at once
+    assert h.scheduler.in_flight()[first.handle.actor] == 1  # each copy holds its own slot
+    h.finish(first, kind=_ray.CANCELLED, error=TaskCancelledError())
+    assert future.get(timeout=5) == "copy"
+    loop_passed(0.05)
+    assert len(sent(h)) == 2  # at most one extra copy
+    assert_idle(h)
+
+
+def test_when_the_first_copy_ends_first_the_second_is_cancelled_and_its_result_dropped() -> None:
+    h = Harness(2)
+    future, first, copy = hedged_pair(h)
+    h.finish(first, "first")
+    assert copy.cancelled
+    h.finish(copy, "late")
+    assert future.get(timeout=5) == "first"
+    assert_idle(h)
+
+
+def test_a_copy_that_raises_names_the_actor_it_ran_on() -> None:
+    h = Harness(3)
+    future, first, copy = hedged_pair(h)
+    h.finish(copy, kind=_ray.RAISED, error=raised("from the copy"))
+    with pytest.raises(am.ActorError, match=f"rank {copy.handle.actor}"):
+        future.get(timeout=5)
+    h.finish(first, kind=_ray.CANCELLED, error=TaskCancelledError())
+    assert_idle(h)
+
+
+def test_over_actors_that_run_calls_in_order_copies_go_to_idle_actors_and_the_loser_runs_on(
+) -> None:
+    h = Harness(3, in_order=True)
+    h.method().choose(0)  # actor 0 busy
+    future = h.method(hedge=0.01).choose(5)
+    eventually(lambda: len(sent(h)) == 3)
+    _, first, copy = sent(h)
+    assert {first.handle.actor, copy.handle.actor} == {1, 2}
+    h.finish(copy, "copy")
+    assert not first.cancelled  # Ray cannot skip a call a synchronous actor holds
+    h.finish(first, "dropped")
+    assert future.get(timeout=5) == "copy"
+    h.finish_all(0, "busy")
+    assert_idle(h)
+
+
+def test_over_actors_that_run_calls_in_order_a_hedged_call_waits_for_an_idle_actor() -> None:
+    h = Harness(2, in_order=True, balancer="pow2")  # pow2 would add it behind a running call
+    h.method().choose(0)
+    h.method().choose(1)
+    future = h.method(hedge=60).choose(5)
+    assert len(sent(h)) == 2 and h.scheduler.queued() == 1
+    h.finish(sent(h)[0], "done")
+    [waited] = [r for r in sent(h) if r.args == (5,)]
+    h.finish(waited, "five")
+    assert future.get(timeout=5) == "five"
+    h.finish_all(0, "x")
+    h.finish_all(1, "x")
+    assert_idle(h)
+
+
+def test_a_hedge_never_goes_to_the_first_copy_s_actor() -> None:
+    h = Harness(1)
+    future = h.method(hedge=0.01).choose(5)
+    eventually(h.router.hedges.has_due)  # late, and no other actor to take a copy
+    loop_passed(0.05)
+    assert len(sent(h)) == 1
+    h.finish_all(0, "only")
+    assert future.get(timeout=5) == "only"
+    assert not h.router.hedges.has_due()
+    assert_idle(h)
+
+
+def test_a_late_call_with_no_actor_free_is_hedged_when_a_slot_frees() -> None:
+    h = Harness(2, in_order=True)
+    h.method().choose(0)  # actor 0
+    future = h.method(hedge=0.01).choose(1)  # actor 1
+    eventually(h.router.hedges.has_due)
+    assert len(sent(h)) == 2
+    h.finish(h.pending(0)[0], "freed")
+    eventually(lambda: len(sent(h)) == 3)
+    copy = sent(h)[-1]
+    assert copy.handle.actor == 0 and copy.args == (1,)
+    h.finish(copy, "copy")
+    assert future.get(timeout=5) == "copy"
+    h.finish_all(1, "dropped")
+    assert_idle(h)
+
+
+def test_the_budget_caps_hedges() -> None:
+    h = Harness(60)
+    futures = [h.method(hedge=0.001).choose(i) for i in range(30)]
+    loop_passed(0.05)  # every call is late by now
+    # A full bucket of BURST tokens, and each of the 30 calls earned BUDGET of one (the bucket
+    # was full): BURST copies.
+    assert len(sent(h)) == 30 + int(_hedge.BURST)
+    for actor in range(60):
+        h.finish_all(actor, actor)
+    assert all(isinstance(f.get(timeout=5), int) for f in futures)
+    assert_idle(h)
+
+
+def test_a_copy_lost_to_a_dead_actor_is_just_lost_while_the_other_copy_runs() -> None:
+    h = Harness(3)
+    future, first, copy = hedged_pair(h)
+    h.finish(copy, kind=_ray.DIED, error=RayActorDiedError())
+    assert not future.done()
+    h.finish(first, "first")
+    assert future.get(timeout=5) == "first"
+    assert_idle(h)
+
+
+def test_when_the_first_copy_s_actor_dies_the_second_copy_gives_the_result() -> None:
+    h = Harness(3)
+    future, first, copy = hedged_pair(h)
+    h.finish(first, kind=_ray.DIED, error=RayActorDiedError())
+    assert not future.done()
+    h.finish(copy, "copy")
+    assert future.get(timeout=5) == "copy"
+    assert_idle(h)
+
+
+def test_a_hedged_call_whose_copies_are_both_lost_fails_or_is_retried_once_without_a_copy(
+) -> None:
+    h = Harness(4)
+    failed, first, copy = hedged_pair(h)
+    h.finish(first, kind=_ray.DIED, error=RayActorDiedError())
+    h.finish(copy, kind=_ray.DIED, error=RayActorDiedError())
+    with pytest.raises(am.ActorDiedError, match=f"rank {copy.handle.actor}"):
+        failed.get(timeout=5)
+    h = Harness(4)
+    retried, first, copy = hedged_pair(h, retries=1)
+    h.finish(first, kind=_ray.DIED, error=RayActorDiedError())
+    h.finish(copy, kind=_ray.DIED, error=RayActorDiedError())
+    eventually(lambda: len(sent(h)) == 3)
+    again = sent(h)[-1]
+    loop_passed(0.05)
+    assert len(sent(h)) == 3  # the call was hedged once: no copy of the retry
+    h.finish(again, "again")
+    assert retried.get(timeout=5) == "again"
+    assert_idle(h)
+
+
+def test_cancelling_a_hedged_call_cancels_both_copies() -> None:
+    h = Harness(3)
+    future, first, copy = hedged_pair(h)
+    future.cancel()
+    assert first.cancelled and copy.cancelled
+    for ref in (first, copy):
+        h.finish(ref, kind=_ray.CANCELLED, error=TaskCancelledError())
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    assert_idle(h)
+
+
+def test_a_hedged_call_s_ref_is_the_winning_copy_s() -> None:
+    h = Harness(3)
+    future, first, copy = hedged_pair(h)
+    h.finish(copy, "copy")
+    assert future.ref is copy
+    h.finish(first, kind=_ray.CANCELLED, error=TaskCancelledError())
+    assert_idle(h)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan")])
+def test_a_hedge_delay_that_is_not_a_finite_positive_number_is_refused(bad: float) -> None:
+    h = Harness(1)
+    with pytest.raises(ValueError, match="hedge="):
+        h.method().options(hedge=bad)
+
+
+def test_a_hedge_of_the_wrong_type_is_refused() -> None:
+    h = Harness(1)
+    with pytest.raises(TypeError, match="hedge='fast'"):
+        h.method().options(hedge="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("verb", ["all", "shard"])
+def test_hedge_is_refused_for_all_and_shard(verb: str) -> None:
+    h = Harness(2)
+    method = h.method(hedge=True, dispatch=am.dispatch.split())
+    with pytest.raises(ValueError, match=f"{verb}: hedge=True is for choose and map"):
+        getattr(method, verb)([1, 2])
+    assert sent(h) == []
+
+
+# -- affinity keys are routed by value --------------------------------------------------------
+def test_keys_that_are_not_equal_are_two_sessions_even_with_one_hash() -> None:
+    recorder = Recorder()
+    h = Harness(2, balancer=recorder)
+    h.method(affinity=-1).choose(1)
+    h.method(affinity=-2).choose(2)
+    assert [key for _, key in recorder.seen] == [-1, -2]
+
+
+def test_equal_keys_are_one_session() -> None:
+    recorder = Recorder()
+    h = Harness(2, balancer=recorder)
+    h.method(affinity=1).choose(1)
+    h.method(affinity=1.0).choose(2)
+    assert [key for _, key in recorder.seen] == [1]
+
+
+def test_the_router_forgets_the_least_recently_used_keys_beyond_the_capacity() -> None:
+    h = Harness(2, balancer=am.Policy("least_loaded", affinity_capacity=3))
+    for key in range(10):
+        h.method(affinity=key).choose(key)
+    assert len(h.router.sessions) == 3
+    for actor in (0, 1):
+        h.finish_all(actor, 0)

@@ -149,7 +149,8 @@ def run_both(
                 started(same("complete", rng.randrange(num_actors), begun, clock, ok,
                              calls=rng.randint(1, 3), method=method))
         elif roll < 0.78:
-            result = same("hedge", rng.choice(groups), rng.randrange(num_actors))
+            result = same("hedge", rng.choice(groups), rng.randrange(num_actors),
+                          rng.random() < 0.5)
             if result[0] == "returned" and result[1] >= 0:
                 running.append((result[1], 1))
         elif roll < 0.80:

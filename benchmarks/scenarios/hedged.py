@@ -35,7 +35,7 @@ from benchmarks.harness.metrics import batch_lower_bound
 # `.options(hedge=True)` (issue 22). True once it is merged: the hedged contender joins, it
 # becomes the headline contender (with its twin as the A/A control), and `make bench` runs the
 # scenario.
-HEDGE = False
+HEDGE = True
 
 SERVICE_S = 0.020
 SLOWDOWN = 10.0

@@ -65,6 +65,8 @@ assert_type(mesh.methods.f.choose(x=1).get(), int)
 assert_type(mesh.methods.process.shard([1, 2, 3], 5), am.MeshFuture[list[int]])
 assert_type(mesh.methods.named.choose(key="a").get(timeout=1.0), bytes)
 assert_type(mesh.methods.f.options(affinity="s", timeout=2.0, retries=1).choose(1), am.MeshFuture[int])
+assert_type(mesh.methods.f.options(hedge=True).choose(1), am.MeshFuture[int])
+assert_type(list(mesh.methods.f.options(hedge=0.05).map([1, 2])), list[int])
 assert_type(mesh.methods.f.all(1).get()[0, 1], int)
 assert_type(mesh.methods.f.all(1).get().item(dp=0, tp=1), int)
 
@@ -136,6 +138,7 @@ mesh.methods.nope.choose()  # type: ignore[attr-defined]
 mesh.methods.plain.choose()  # type: ignore[attr-defined]
 am.ActorMesh(Worker, shape=2, balancer=3)  # type: ignore[arg-type]
 mesh.methods.f.options(retries="many")  # type: ignore[arg-type]
+mesh.methods.f.options(hedge="fast")  # type: ignore[arg-type]
 words: list[str] = ["x"]
 mesh.methods.f.map(words)  # type: ignore[arg-type]
 mesh.methods.process.map([[1]])  # type: ignore[misc, arg-type]

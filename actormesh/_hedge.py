@@ -1,0 +1,175 @@
+"""Hedged calls: a second copy of a call that is late, on another actor, the first to end wins.
+
+    choose(...) with .options(hedge=True | s)  the call goes alone (never in a batch: cancelling
+                                               one copy must not touch other calls), and over
+                                               actors that run calls in order only to an idle
+                                               actor, so that no copy ever waits in one's queue
+      Router._send -> Hedges.arm(call)         a timer on the loop thread, `delay` after the send
+      ... the timer fires, the call still runs: it is due for a copy
+      Hedges._try(call)                        a token of the budget, and the native scheduler's
+                                               pick (Scheduler.hedge): an idle actor of the view
+                                               other than the first copy's, or none (the call
+                                               stays due: the next slot that frees is tried)
+        Router._send(target, copy)             the copy: its own Ray task and slot, the call's
+                                               future shared, so the first copy to end settles
+                                               it and the other's outcome is dropped
+      ... Router._end of either copy           the loser is cancelled (`Router.cancel_sent`:
+                                               an async actor stops it, a synchronous one runs it
+                                               to its end); each copy frees its own slot when its
+                                               own task ends; a copy lost to a dead actor is just
+                                               lost while the other runs
+
+The delay is the `hedge=` number, or learnt: the 95th percentile of the method's latest service
+times on this mesh (`Scheduler.method_quantile_s`, start-up left out); until 8 are known the call
+looks again every few milliseconds. The budget is a token bucket per mesh: each hedge-enabled
+call earns BUDGET of a token, at most BURST are kept, and a copy spends one; a call that finds
+the bucket empty is not hedged.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from . import _loop
+
+if TYPE_CHECKING:
+    from ._calls import Call, Router
+
+LEARNT = math.inf
+"""`Call.hedge` of a call whose delay is learnt (`hedge=True`)."""
+QUANTILE = 0.95
+BUDGET = 0.05
+"""Copies per hedge-enabled call, in the long run: at most one call in twenty is hedged."""
+BURST = 5.0
+"""Copies the budget holds at most (and holds at first): a burst of late calls is hedged at once."""
+_PROBE_S = 0.005  # while no delay is learnt, a call looks again after this long (doubling)
+_PROBE_MAX_S = 1.0
+
+
+def check(hedge: object) -> float | None:
+    """The `hedge=` option as `Call.hedge`: None (off: None or False), LEARNT (True), or a
+    delay in seconds (a finite number > 0); a clear error for anything else."""
+    if hedge is None or hedge is False:
+        return None
+    if hedge is True:
+        return LEARNT
+    if not isinstance(hedge, (int, float)):
+        raise TypeError(f"hedge={hedge!r}: must be True (a learnt delay), a number of seconds, "
+                        "or None")
+    if not math.isfinite(hedge) or hedge <= 0:
+        raise ValueError(f"hedge={hedge!r}: must be a finite number of seconds > 0, or True")
+    return float(hedge)
+
+
+class Budget:
+    """A token bucket: hedge-enabled calls earn tokens, copies spend them."""
+
+    __slots__ = ("_lock", "_tokens")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # held for a few bytecodes: senders earn on any thread
+        self._tokens = BURST
+
+    def earn(self) -> None:
+        with self._lock:
+            self._tokens = min(BURST, self._tokens + BUDGET)
+
+    def has(self) -> bool:
+        return self._tokens >= 1.0
+
+    def spend(self) -> None:
+        """Take a token (there is one: only the loop thread spends, after `has`)."""
+        with self._lock:
+            self._tokens -= 1.0
+
+
+class Hedges:
+    """The hedged calls of one mesh (its router): their timers, the calls due for a copy, the
+    budget. Every method but `arm` and `has_due` runs on the loop thread."""
+
+    def __init__(self, router: Router, *, idle: bool) -> None:
+        self._router = router
+        self._idle = idle  # copies go only to idle actors (the actors run calls in order)
+        self.budget = Budget()
+        # Calls late enough for a copy that found no actor free, oldest first; each leaves when
+        # it is hedged or ends. Written on the loop thread, read anywhere.
+        self._due: dict[Call, None] = {}
+        self._retry_posted = False
+
+    def arm(self, call: Call) -> None:
+        """A hedge-enabled call was sent (any thread): look again once it is late. The timer
+        holds the call weakly: an ended call that nobody holds goes at once."""
+        self.budget.earn()
+        delay = self._delay(call)
+        _loop.call_later(_PROBE_S if delay is None else delay, self._late, weakref.ref(call),
+                         _PROBE_S)
+
+    def has_due(self) -> bool:
+        return bool(self._due)
+
+    def retry_soon(self) -> None:
+        """A slot has freed (Ray's completion thread): the calls due for a copy try it, once,
+        on the loop thread."""
+        if self._retry_posted:
+            return
+        self._retry_posted = True
+        _loop.post(self._retry)
+
+    def _delay(self, call: Call) -> float | None:
+        """Seconds after its send that `call` is late; None while not learnt."""
+        if call.hedge != LEARNT:
+            return call.hedge
+        learnt = self._router.scheduler.method_quantile_s(call.method_id, QUANTILE)
+        return None if math.isnan(learnt) else learnt
+
+    def _late(self, ref: weakref.ref[Call], probe_s: float) -> None:
+        call = ref()
+        if call is None or not _running(call):
+            return
+        delay = self._delay(call)
+        if delay is None:  # not learnt yet: look again
+            probe_s = min(2 * probe_s, _PROBE_MAX_S)
+            _loop.call_later(probe_s, self._late, ref, probe_s)
+            return
+        left = call.started + delay - time.perf_counter()
+        if left > 0:  # learnt meanwhile, and later than the first look
+            _loop.call_later(left, self._late, ref, probe_s)
+            return
+        self._due[call] = None  # before trying: a slot that frees from now on tries it again
+        self._try(call)
+
+    def _retry(self) -> None:
+        self._retry_posted = False
+        for call in list(self._due):
+            if not self._try(call):
+                return  # no actor free for this one: none for those after it either
+
+    def _try(self, call: Call) -> bool:
+        """Send `call`'s copy if it still runs, the budget allows and an actor is free; False
+        only when no actor is free (the call stays due)."""
+        router = self._router
+        if not _running(call) or router.closed:
+            self._due.pop(call, None)
+            return True
+        if not self.budget.has():
+            del self._due[call]
+            return True
+        assert call.target is not None
+        target = router.scheduler.hedge(call.target.group, call.actor, self._idle)
+        if target < 0:
+            return False
+        del self._due[call]
+        self.budget.spend()
+        router.send_copy(target, call)
+        return True
+
+
+def _running(call: Call) -> bool:
+    """Sent, not ended, and not hedged yet."""
+    return call.twin is None and call.ref is not None and not call.finished \
+        and not call.future.done()
+
