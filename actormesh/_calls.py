@@ -234,10 +234,14 @@ class Router:
         self.scheduler = scheduler
         self.coalesces = scheduler.coalesce > 1
         self.sessions = SessionKeys(scheduler.affinity_capacity)
-        # Over actors that run calls in order, a hedged call and its copy go only to an idle
-        # actor: a copy that lost cannot be taken out of such an actor's queue (`cancel_sent`).
+        # Over actors that run calls in order, a copy that lost cannot be taken out of an
+        # actor's queue (`cancel_sent`): a call is hedged only once it runs, and its copy goes
+        # only to an idle actor (`_hedge`).
         self.in_order = not all(_ray.runs_calls_at_once(h) for h in self.handles)
-        self.hedges = Hedges(self, idle=self.in_order)
+        self.hedges = Hedges(self, in_order=self.in_order)
+        # When each actor last ended a task: a call waiting behind another in an actor that runs
+        # calls in order begins then.
+        self.last_end = [-math.inf] * len(self.handles)
         # The loop-thread timer that ends the scheduler's holds (`_watch_holds`).
         self._holds = scheduler.may_hold
         self._hold_timer_at = math.inf
@@ -301,8 +305,7 @@ class Router:
         assert call.target is not None
         try:
             decision = self.scheduler.submit(call.target.group, call.affinity, call,
-                                             time.perf_counter(), call.method_id, call.alone,
-                                             call.hedge is not None and self.in_order)
+                                             time.perf_counter(), call.method_id, call.alone)
         except _native.NoLiveActors as err:
             call.fail(NoLiveActorsError(f"{call.method}: {err}"))
             return
@@ -508,7 +511,7 @@ class Router:
     def _end(self, call: Call, error: BaseException | None, outcome: int | None,
              timed: bool = True) -> None:
         try:
-            ended = time.perf_counter()
+            ended = self.last_end[call.actor] = time.perf_counter()
             if outcome is None:
                 outcome = _ray.FAILED if error is not None else _ray.outcome(call.ref)
             call.outcome = outcome
@@ -542,7 +545,7 @@ class Router:
         that frees every slot (one sample per call), then each call settled or retried."""
         calls, batch.calls = batch.calls, []  # its calls refer to it: no cycle once it has ended
         try:
-            ended = time.perf_counter()
+            ended = self.last_end[batch.actor] = time.perf_counter()
             outcome = _ray.FAILED if error is not None else _ray.outcome(batch.ref)
             lost = outcome == _ray.DIED or outcome == _ray.UNAVAILABLE
             if lost:  # before the slots are freed: no queued call may follow these there

@@ -1,23 +1,30 @@
 """Hedged calls: a second copy of a call that is late, on another actor, the first to end wins.
 
     choose(...) with .options(hedge=True | s)  the call goes alone (never in a batch: cancelling
-                                               one copy must not touch other calls), and over
-                                               actors that run calls in order only to an idle
-                                               actor, so that no copy ever waits in one's queue
+                                               one copy must not touch other calls)
       Router._send -> Hedges.arm(call)         a timer on the loop thread, `delay` after the send
-      ... the timer fires, the call still runs: it is due for a copy
-      Hedges._try(call)                        a token of the budget, and the native scheduler's
-                                               pick (Scheduler.hedge): an idle actor of the view
-                                               other than the first copy's, or none (the call
-                                               stays due: the next slot that frees is tried)
-        Router._send(target, copy)             the copy: its own Ray task and slot, the call's
+      ... the timer fires, the call still runs: late if `delay` has passed since it began (over
+      actors that run calls in order, a call sent behind another begins when that one ends)
+      Hedges._try(call)                        it runs alone on its actor (over in-order actors:
+                                               a call still waiting there is never hedged), a
+                                               token of the budget, and the native scheduler's
+                                               pick (Scheduler.hedge): another actor of the view
+                                               with a free slot, an idle one over in-order
+                                               actors; none: the call stays due and the next
+                                               slot that frees is tried
+        Router.send_copy(target, call)         the copy: its own Ray task and slot, the call's
                                                future shared, so the first copy to end settles
                                                it and the other's outcome is dropped
       ... Router._end of either copy           the loser is cancelled (`Router.cancel_sent`:
-                                               an async actor stops it, a synchronous one runs it
-                                               to its end); each copy frees its own slot when its
+                                               an async or threaded actor stops it, one not yet
+                                               started never runs; a synchronous one runs it to
+                                               its end); each copy frees its own slot when its
                                                own task ends; a copy lost to a dead actor is just
                                                lost while the other runs
+
+So over actors that run calls in order, both copies of a hedged call are each running or on
+their way to an idle actor: no copy that may lose ever waits in such an actor's queue, where it
+could not be cancelled.
 
 The delay is the `hedge=` number, or learnt: the 95th percentile of the method's latest service
 times on this mesh (`Scheduler.method_quantile_s`, start-up left out); until 8 are known the call
@@ -89,20 +96,23 @@ class Budget:
 
 class Hedges:
     """The hedged calls of one mesh (its router): their timers, the calls due for a copy, the
-    budget. Every method but `arm` and `has_due` runs on the loop thread."""
+    budget. Every method but `arm`, `has_due` and `retry_soon` runs on the loop thread."""
 
-    def __init__(self, router: Router, *, idle: bool) -> None:
+    def __init__(self, router: Router, *, in_order: bool) -> None:
         self._router = router
-        self._idle = idle  # copies go only to idle actors (the actors run calls in order)
+        # The actors run calls in order: a call may wait in one behind another, and a copy goes
+        # only to an idle actor.
+        self._in_order = in_order
         self.budget = Budget()
-        # Calls late enough for a copy that found no actor free, oldest first; each leaves when
-        # it is hedged or ends. Written on the loop thread, read anywhere.
+        # Calls late (or possibly late: still waiting in their actor) that found no actor free
+        # for a copy, oldest first; each leaves when it is hedged, found not late, or ends.
+        # Written on the loop thread, read anywhere.
         self._due: dict[Call, None] = {}
         self._retry_posted = False
 
     def arm(self, call: Call) -> None:
-        """A hedge-enabled call was sent (any thread): look again once it is late. The timer
-        holds the call weakly: an ended call that nobody holds goes at once."""
+        """A hedge-enabled call was sent (any thread): look again once it may be late. The
+        timer holds the call weakly: an ended call that nobody holds goes at once."""
         self.budget.earn()
         delay = self._delay(call)
         _loop.call_later(_PROBE_S if delay is None else delay, self._late, weakref.ref(call),
@@ -120,24 +130,26 @@ class Hedges:
         _loop.post(self._retry)
 
     def _delay(self, call: Call) -> float | None:
-        """Seconds after its send that `call` is late; None while not learnt."""
+        """Seconds after it began that `call` is late; None while not learnt."""
         if call.hedge != LEARNT:
             return call.hedge
         learnt = self._router.scheduler.method_quantile_s(call.method_id, QUANTILE)
         return None if math.isnan(learnt) else learnt
 
+    def _began(self, call: Call) -> float:
+        """When `call` began to run, as far as the driver can tell: over in-order actors, not
+        before the task sent ahead of it to the same actor ended."""
+        if not self._in_order:
+            return call.started
+        return max(call.started, self._router.last_end[call.actor])
+
     def _late(self, ref: weakref.ref[Call], probe_s: float) -> None:
         call = ref()
         if call is None or not _running(call):
             return
-        delay = self._delay(call)
-        if delay is None:  # not learnt yet: look again
+        if self._delay(call) is None:  # not learnt yet: look again
             probe_s = min(2 * probe_s, _PROBE_MAX_S)
             _loop.call_later(probe_s, self._late, ref, probe_s)
-            return
-        left = call.started + delay - time.perf_counter()
-        if left > 0:  # learnt meanwhile, and later than the first look
-            _loop.call_later(left, self._late, ref, probe_s)
             return
         self._due[call] = None  # before trying: a slot that frees from now on tries it again
         self._try(call)
@@ -149,17 +161,25 @@ class Hedges:
                 return  # no actor free for this one: none for those after it either
 
     def _try(self, call: Call) -> bool:
-        """Send `call`'s copy if it still runs, the budget allows and an actor is free; False
-        only when no actor is free (the call stays due)."""
+        """Send the copy of `call` if it still runs alone on its actor, is late, the budget
+        allows and an actor is free; False only when no actor is free (the call stays due)."""
         router = self._router
         if not _running(call) or router.closed:
             self._due.pop(call, None)
+            return True
+        if self._in_order and router.scheduler.tasks()[call.actor] > 1:
+            return True  # it may still wait behind another call: tried again as slots free
+        delay = self._delay(call)
+        left = self._began(call) + (delay or 0.0) - time.perf_counter()
+        if left > 0:  # not late yet, counted from when it began
+            del self._due[call]
+            _loop.call_later(left, self._late, weakref.ref(call), _PROBE_S)
             return True
         if not self.budget.has():
             del self._due[call]
             return True
         assert call.target is not None
-        target = router.scheduler.hedge(call.target.group, call.actor, self._idle)
+        target = router.scheduler.hedge(call.target.group, call.actor, self._in_order)
         if target < 0:
             return False
         del self._due[call]

@@ -18,12 +18,11 @@ Shared rules, native and here:
   with max_in_flight defaulting to 1, so the group queue is its central queue.
 - sed: the least (in_flight + 1) * ewma_s, then fewer calls in flight, then lowest rank.
 - adaptive: the fewest calls in flight, then the fastest speed class (floor(log2(low_s)); an actor
-  whose speed is not known first), then the most recently sent a task, then lowest rank. With
+  whose speed is not known first), then the most recently sent a task if idle (the least recently
+  if busy), then lowest rank. With
   hold_ratio > 0 and task slots it holds a call back from a free straggler (see `_holds`).
-- A call may be `idle_only` (a hedged call): it goes only to an actor with no task in flight
-  (the policy's pick, else the idle member the adaptive order puts first), else it waits.
 - Each actor holds at most max_tasks Ray tasks (0: unbounded), a task beyond the first only while
-  its ewma_s is below pipeline_s (when that is > 0).
+  its low_s is below pipeline_s (when that is > 0) or it is steady (spread < STEADY).
 - affinity: the key's last actor keeps the call unless its in_flight exceeds the group's least
   loaded eligible member by more than affinity_abs AND by a factor above affinity_rel.
 - A queued call leaves its queue when a slot frees in one of its group's actors; among the
@@ -104,6 +103,7 @@ class ActorLoad:
     alive: bool = True
     ewma_s: float | None = None  # None until the first sample
     low_s: float = 0.0  # slow to rise: for the pipeline rule and the speed class
+    spread: float = 1.0  # moving average of |sample - ewma_s| / ewma_s
     last_end_s: float = -math.inf
     fresh: bool = True  # the next sample is the incarnation's first: it may include start-up
     provisional: bool = False  # ewma_s holds one sample, which may include start-up
@@ -112,6 +112,10 @@ class ActorLoad:
     @property
     def known(self) -> bool:
         return self.ewma_s is not None and not self.provisional
+
+    @property
+    def steady(self) -> bool:
+        return self.known and self.spread < STEADY
 
 
 @dataclass
@@ -129,7 +133,6 @@ class Queued:
     affinity: int | None
     method: int
     alone: bool
-    idle_only: bool = False
 
 
 @dataclass
@@ -151,6 +154,7 @@ RISE_SLOWER = 8.0
 RECENT = 64  # samples a method keeps for its percentile
 ENOUGH = 8  # fewer samples tell no percentile
 MIN_TIME = 1e-9
+STEADY = 0.25  # an actor whose spread is below this takes a second task behind its first
 STALE_TASKS_PER_ACTOR = 50.0  # an actor not sent a task for this many per actor is stale
 PATIENCE = 4.0  # a hold lasts at most this many times the expected wait
 HEDGE_SLOWER = 2.0  # a hedge never goes to an actor over this many times slower
@@ -298,8 +302,7 @@ class Scheduler:
     # Events
 
     def submit(self, group: int, affinity: int | None = None, *, method: int = 0,
-               alone: bool = False, idle_only: bool = False,
-               now_s: float | None = None) -> Decision:
+               alone: bool = False, now_s: float | None = None) -> Decision:
         """Dispatches to an eligible member, or queues when every live member is full, or the
         call must wait for an idle one, or is held back from a straggler."""
         g = self._group(group)
@@ -308,7 +311,7 @@ class Scheduler:
         if not any(self._loads[a].alive for a in g.members):
             raise NoLiveActors(f"no live actor among the {len(g.members)} actors of group {group}")
         self._see_time(now_s)
-        call = Queued(self._next_ticket, key, method, alone, idle_only)
+        call = Queued(self._next_ticket, key, method, alone)
         actor = None
         if self._eligible_members(g) and not g.queue:
             actor = self._choose(g, call, 1)  # a picker may raise here; nothing has changed yet
@@ -443,16 +446,10 @@ class Scheduler:
         key = call.affinity
         if key is not None:
             last = self._affinity.get(key)
-            if last is not None and self._sticks(g, last) and (
-                    not call.idle_only or self._loads[last].tasks == 0):
+            if last is not None and self._sticks(g, last):
                 self._remember(key, last)
                 return last
         actor = self._pick(g, self._eligible_members(g), key)
-        if call.idle_only and self._loads[actor].tasks > 0:
-            idle = self._free_member(g, -1, True)
-            if idle is None:
-                return None
-            actor = idle
         if self._holds(g, actor, waiting):
             return None
         if key is not None:
@@ -557,8 +554,11 @@ class Scheduler:
         return min(eligible, key=self._adaptive_key)
 
     def _adaptive_key(self, actor: int) -> tuple[int, int, int]:
+        """Fewest in flight, fastest class, then the most recently sent a task if idle, the
+        least recently if busy."""
         load = self._loads[actor]
-        return (load.in_flight, speed_class(load), -load.last_task)
+        recency = -load.last_task if load.in_flight == 0 else load.last_task
+        return (load.in_flight, speed_class(load), recency)
 
     def _pick_external(self, g: Group, eligible: Sequence[int], key: int | None) -> int:
         assert self._picker is not None
@@ -646,7 +646,7 @@ class Scheduler:
         return Decision(first.ticket, actor, tuple(tickets) if len(tickets) > 1 else ())
 
     def _may_ride(self, call: Queued) -> bool:
-        return not call.alone and not call.idle_only and not self._methods[call.method].alone
+        return not call.alone and not self._methods[call.method].alone
 
     def _expected_s(self, call: Queued) -> float:
         ewma = self._methods[call.method].ewma_s
@@ -664,7 +664,7 @@ class Scheduler:
         if self.max_tasks == 0 or load.tasks == 0:
             return True
         short = self._pipeline_s <= 0 or (load.ewma_s is not None and load.low_s < self._pipeline_s)
-        return load.tasks < self.max_tasks and short
+        return load.tasks < self.max_tasks and (short or load.steady)
 
     def _eligible_members(self, g: Group) -> Sequence[int]:
         if self._blocked == 0:  # skips the scan in the common case, keeping pow2 O(1) here too
@@ -741,6 +741,8 @@ class Scheduler:
             load.low_s = sample
         elif not startup or sample < load.ewma_s:
             old = load.ewma_s
+            if not startup:
+                load.spread += weight * (abs(sample - old) / max(old, MIN_TIME) - load.spread)
             load.ewma_s = old + weight * (sample - old)
             low = lower(load.low_s, sample, weight)
             load.low_s = min(load.low_s, low) if startup else low

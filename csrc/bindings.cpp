@@ -360,21 +360,21 @@ NB_MODULE(_native, m) {
       .def(
           "submit",
           [](PyScheduler& s, int64_t group, nb::handle affinity, nb::object payload,
-             std::optional<double> now_s, int64_t method, bool alone, bool idle_only) {
+             std::optional<double> now_s, int64_t method, bool alone) {
             const std::optional<uint64_t> key = affinity_key(affinity);
             const double now = now_s.value_or(std::numeric_limits<double>::quiet_NaN());
             const Decision d = with_gil_rule(s, [&] {
-              return s.submit(group, key, to_core(payload), now, method, alone, idle_only);
+              return s.submit(group, key, to_core(payload), now, method, alone);
             });
             // Queued: the core keeps the payload, and with it one reference.
             if (d.actor < 0 && !payload.is_none()) payload.release();
             return PyDecision{d.ticket, d.actor, nb::none(), {d.ticket}, nb::list()};
           },
           "group"_a, "affinity"_a = nb::none(), "payload"_a = nb::none(),
-          "now_s"_a = nb::none(), "method"_a = 0, "alone"_a = false, "idle_only"_a = false,
+          "now_s"_a = nb::none(), "method"_a = 0, "alone"_a = false,
           nb::sig("def submit(self, group: int, affinity: int | None = None, "
                   "payload: object = None, now_s: float | None = None, method: int = 0, "
-                  "alone: bool = False, idle_only: bool = False) -> Decision"))
+                  "alone: bool = False) -> Decision"))
       .def(
           "hedge",
           [](PyScheduler& s, int64_t group, int64_t first, bool idle) {

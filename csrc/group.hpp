@@ -20,7 +20,6 @@ struct QueuedCall {
   uint64_t payload;
   uint32_t method = 0;  // whose service time it is expected to take
   bool alone = false;   // never rides a batch (its method says so, or its caller)
-  bool idle_only = false;  // goes only to an actor with no task in flight (a hedged call)
 };
 
 struct Group {
@@ -33,10 +32,9 @@ struct Group {
   // and the sum of their speeds (1 / ewma_s), i.e. the calls per second they serve together.
   uint32_t rated = 0;
   double rate = 0.0;
-  // FIFO. Non-empty while `eligible` is 0; or while its first call waits though a member is
-  // eligible: held back from a straggler (`holding`) or, being hedged, for an idle actor; or
-  // for an instant between a completion and the drain it defers (a Python picker must not run
-  // on the thread that completes calls).
+  // FIFO. Non-empty while `eligible` is 0; or while its first call is held back from an
+  // eligible straggler (`holding`); or for an instant between a completion and the drain it
+  // defers (a Python picker must not run on the thread that completes calls).
   std::list<QueuedCall> queue;
   // The first call is held back from an eligible straggler, at the latest until `hold_until`
   // (the scheduler's clock): then it goes to the straggler, even if no faster actor has freed.

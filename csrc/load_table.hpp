@@ -31,6 +31,9 @@ struct ActorLoad {
   bool stale = false;
   double ewma_s = 0.0;     // moving average of service time, seconds
   double low_s = 0.0;      // the same, slow to rise (see `lower`): pipeline rule, speed class
+  // Moving average of |sample - ewma_s| / ewma_s: how far a call's service time strays from the
+  // estimate (an exponential distribution's is 0.74, a fixed time's near 0); 1 until measured.
+  double spread = 1.0;
   double last_end_s = -std::numeric_limits<double>::infinity();  // latest completion seen
   // Outlier ejection: an actor that failed `eject_after` calls in a row is passed over until
   // `ejected_until`, as long as another eligible member can take the call.
@@ -43,6 +46,9 @@ struct ActorLoad {
   bool live() const { return status != Status::dead; }
   // Measured beyond a first sample that may include start-up: its speed can be trusted.
   bool known() const { return measured && !provisional; }
+  // Its calls take about the same time each (spread below kSteady): what the one it runs has
+  // left is predictable.
+  bool steady() const;
 };
 
 // What the scheduler learns of one method (of every actor): its service time per call, and
@@ -70,9 +76,14 @@ inline double lower(double estimate, double sample, double weight) {
 // may be out of date); a held-back straggler's estimate counts half as much after as long.
 constexpr double kStaleTasksPerActor = 50.0;
 
+// A spread below this is a steady actor's (see ActorLoad::steady).
+constexpr double kSteady = 0.25;
+
 // The shortest service time the core reasons with: a sample of 0 s (a completion reported at the
 // instant of its send) must not make an actor infinitely fast.
 constexpr double kMinTime = 1e-9;
+
+inline bool ActorLoad::steady() const { return known() && spread < kSteady; }
 
 // How many Ray tasks an actor may hold at once: the pipeline depth.
 struct TaskLimits {
@@ -95,8 +106,9 @@ class LoadTable {
 
   // Alive with a free call slot (max_in_flight 0 means unbounded) and a free task slot: it may
   // take a call now. A task beyond the first waits in the actor behind the running one, which
-  // hides the round trip between two short tasks but commits the call to a busy actor: so it is
-  // allowed only while the actor's calls are measured short (below `pipeline_s`).
+  // hides the round trip between two tasks but commits the call to a busy actor: so it is
+  // allowed only while the actor's calls are measured short (below `pipeline_s`), or steady (the
+  // wait behind the running one is then about what the call would wait for any actor to free).
   bool eligible(uint32_t actor) const {
     const ActorLoad& a = actors_[actor];
     return a.alive() && has_call_slot(actor) && has_task_slot(a);
@@ -214,6 +226,7 @@ class LoadTable {
       a.low_s = sample;
     } else if (!startup || sample < a.ewma_s) {
       const double old = a.ewma_s;
+      if (!startup) a.spread += weight * (std::abs(sample - old) / std::max(old, kMinTime) - a.spread);
       a.ewma_s = old + weight * (sample - old);
       const double low = lower(a.low_s, sample, weight);
       a.low_s = startup ? std::min(a.low_s, low) : low;
@@ -245,7 +258,8 @@ class LoadTable {
   bool has_task_slot(const ActorLoad& a) const {
     if (tasks_.max_tasks == 0 || a.tasks == 0) return true;
     return a.tasks < tasks_.max_tasks &&
-           (tasks_.pipeline_s <= 0.0 || (a.measured && a.low_s < tasks_.pipeline_s));
+           (tasks_.pipeline_s <= 0.0 || (a.measured && a.low_s < tasks_.pipeline_s) ||
+            a.steady());
   }
 
   std::vector<ActorLoad> actors_;

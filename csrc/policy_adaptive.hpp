@@ -22,24 +22,29 @@ inline int speed_class(const ActorLoad& load) {
 
 using AdaptiveKey = std::tuple<uint32_t, int, uint64_t>;
 
-// Calls in flight, then the speed class (faster first), then how long ago the actor was last
-// sent a task (most recent first).
+// Calls in flight, then the speed class (faster first), then recency: among idle actors the one
+// most recently sent a task first, among busy ones the one least recently sent a task (it has
+// worked longest on what it runs: it is the first expected to free).
 inline AdaptiveKey adaptive_key(const ActorLoad& load) {
-  return {load.in_flight, speed_class(load), std::numeric_limits<uint64_t>::max() - load.last_task};
+  const uint64_t recency = load.in_flight == 0
+                               ? std::numeric_limits<uint64_t>::max() - load.last_task
+                               : load.last_task;
+  return {load.in_flight, speed_class(load), recency};
 }
 
-// The eligible member with the fewest calls in flight; among those, the fastest class, then the
-// one most recently sent a task (then the lowest rank), as `ray.util.ActorPool` takes its most
-// recently freed actor: a process that has just run a call answers the next one faster than one
-// that has slept (one call at a time on 4 actors here: 1.28x the latency when they take turns).
+// The eligible member with the fewest calls in flight; among those, the fastest class, then, if
+// idle, the one most recently sent a task (then the lowest rank), as `ray.util.ActorPool` takes
+// its most recently freed actor: a process that has just run a call answers the next one faster
+// than one that has slept (one call at a time on 4 actors here: 1.28x the latency when they
+// take turns); if busy, the one expected to free first.
 //
 // What makes the policy adaptive lives in the load table and the scheduler, configured by the
 // library for actors that run one call at a time: an actor is eligible only with a free task
 // slot (one Ray task, and a second one waiting behind it only while the actor's calls are
-// measured short, so a slow call never queues inside a busy actor); the calls that find no
-// eligible actor wait in the group's FIFO queue, as with `pull`, and a freed slot takes them as
-// one batch (coalescing); and a call is held back from a free straggler while a faster actor is
-// expected to take and finish it sooner (Scheduler::holds).
+// measured short or steady, so a call never waits long or unpredictably inside a busy actor);
+// the calls that find no eligible actor wait in the group's FIFO queue, as with `pull`, and a
+// freed slot takes them as one batch (coalescing); and a call is held back from a free
+// straggler while a faster actor is expected to take and finish it sooner (Scheduler::holds).
 using AdaptivePolicy = LeastKeyPolicy<AdaptiveKey, adaptive_key>;
 
 }  // namespace actormesh

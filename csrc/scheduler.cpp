@@ -288,9 +288,9 @@ uint32_t Scheduler::least_loaded_eligible(const Group& group) const {
   return best;
 }
 
-// The actor for `call`, or nothing when it must wait though a member is eligible: it is to go
-// to an idle actor and none is, or it is held back from a straggler (`holds`). `waiting` counts
-// the calls waiting in the group, this one included. The group must have an eligible member.
+// The actor for `call`, or nothing when it must wait though a member is eligible: it is held
+// back from a straggler (`holds`). `waiting` counts the calls waiting in the group, this one
+// included. The group must have an eligible member.
 // May throw only from an external picker, before any state other than the affinity table's
 // recency has changed.
 std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call,
@@ -298,7 +298,7 @@ std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call
   const bool sticky = call.affinity && config_.sticky;
   if (sticky) {
     const std::optional<uint32_t> last = affinity_.find(*call.affinity);
-    if (last && sticks(group, *last) && (!call.idle_only || loads_[*last].tasks == 0)) {
+    if (last && sticks(group, *last)) {
       affinity_.assign(*call.affinity, *last);
       return *last;
     }
@@ -314,33 +314,24 @@ std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call
   } else {
     pos = least_loaded_eligible(g);
   }
-  uint32_t actor = g.members[pos];
-  if (call.idle_only && loads_[actor].tasks > 0) {
-    const std::optional<uint32_t> idle = free_member(group, -1, true, true);
-    if (!idle) return std::nullopt;
-    actor = *idle;
-  }
+  const uint32_t actor = g.members[pos];
   if (holds(group, actor, waiting)) return std::nullopt;
   if (sticky) affinity_.assign(*call.affinity, actor);
   return actor;
 }
 
-// The member other than `exclude` that the adaptive order puts first (the fewest calls in
-// flight, the fastest class, the most recently sent a task, the lowest rank): among the
-// preferred members, or with `fallback` among the eligible ones when every one is ejected; with
-// `idle`, only one with no call in flight. A scan, but only for hedged calls, and O(1) when an
-// idle one is wanted and no preferred member is idle.
-std::optional<uint32_t> Scheduler::free_member(uint32_t group, int64_t exclude, bool idle,
-                                               bool fallback) const {
+// The preferred member other than `exclude` that the adaptive order puts first (the fewest
+// calls in flight, the fastest class, then recency); with `idle`, one with no call in flight.
+// A scan, but only for hedged calls, and O(1) when an idle one is wanted and none is.
+std::optional<uint32_t> Scheduler::free_member(uint32_t group, int64_t exclude,
+                                               bool idle) const {
   const Group& g = groups_[group];
-  const bool among_preferred = g.preferred > 0;
-  if (!among_preferred && !fallback) return std::nullopt;
-  if (idle && among_preferred && g.preferred_loads.min() > 0) return std::nullopt;
+  if (g.preferred == 0 || (idle && g.preferred_loads.min() > 0)) return std::nullopt;
   std::optional<uint32_t> best;
   AdaptiveKey best_key{};
   for (const uint32_t actor : g.members) {
     if (actor == exclude || (idle && loads_[actor].in_flight > 0)) continue;
-    if (!(among_preferred ? loads_.preferred(actor) : loads_.eligible(actor))) continue;
+    if (!loads_.preferred(actor)) continue;
     const AdaptiveKey key = adaptive_key(loads_[actor]);
     if (!best || key < best_key) {
       best = actor;
@@ -429,14 +420,14 @@ double Scheduler::method_quantile_s(int64_t method, double q) const {
 
 uint32_t Scheduler::batch_size(int64_t method) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const QueuedCall call{0, std::nullopt, 0, check_method(method), false, false};
+  const QueuedCall call{0, std::nullopt, 0, check_method(method), false};
   if (config_.coalesce == 1 || !may_ride(call)) return 1;
   const double fits = std::floor(config_.batch_budget_s / expected_s(call));
   return static_cast<uint32_t>(std::clamp(fits, 1.0, static_cast<double>(config_.coalesce)));
 }
 
 Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload,
-                           double now_s, int64_t method, bool alone, bool idle_only) {
+                           double now_s, int64_t method, bool alone) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t id = check_group(group);
   const uint32_t method_id = check_method(method);
@@ -447,7 +438,7 @@ Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint
   }
   see_time(now_s);
   end_ejections(now_s);
-  QueuedCall call{next_ticket_, affinity, payload, method_id, alone, idle_only};
+  QueuedCall call{next_ticket_, affinity, payload, method_id, alone};
   // A call never overtakes the calls already waiting (their drain may be pending).
   std::optional<uint32_t> actor;
   if (g.eligible > 0 && g.queue.empty()) actor = choose(id, call, 1);
@@ -467,7 +458,7 @@ int32_t Scheduler::hedge(int64_t group, int64_t first, bool idle) {
   const uint32_t id = check_group(group);
   const uint32_t running = check_actor(first);
   if (!groups_[id].queue.empty()) return -1;
-  const std::optional<uint32_t> target = free_member(id, running, idle, false);
+  const std::optional<uint32_t> target = free_member(id, running, idle);
   if (!target) return -1;
   const ActorLoad& to = loads_[*target];
   const ActorLoad& from = loads_[running];
@@ -516,7 +507,7 @@ double Scheduler::expected_s(const QueuedCall& call) const {
 // Whether a queued call may ride a batch that another call opened. A keyed call whose keys a
 // picker routes itself (no native stickiness) must reach the picker, so it goes alone too.
 bool Scheduler::may_ride(const QueuedCall& call) const {
-  return !call.alone && !call.idle_only && !loads_.method(call.method).alone &&
+  return !call.alone && !loads_.method(call.method).alone &&
          (config_.sticky || !call.affinity);
 }
 

@@ -102,12 +102,11 @@ class Scheduler {
   uint32_t batch_size(int64_t method) const;
 
   // Picks an actor for a call of `method`, or queues the call with its payload (`alone`: it
-  // never rides a batch; `idle_only`: it goes only to an actor with no task in flight, waiting
-  // for one if need be). `now_s` (the clock of complete's times; NaN: unknown) ends the
+  // never rides a batch). `now_s` (the clock of complete's times; NaN: unknown) ends the
   // ejections that are due and times holds.
   Decision submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload = 0,
                   double now_s = std::numeric_limits<double>::quiet_NaN(), int64_t method = 0,
-                  bool alone = false, bool idle_only = false);
+                  bool alone = false);
   // A second copy of a call running on `first` (hedging): the preferred member of the group that
   // the adaptive order puts first (with `idle`, one with no call in flight), other than `first`
   // and not over twice as slow as it, counted as a call and a task; -1 when there is none, or
@@ -203,8 +202,7 @@ class Scheduler {
   // Counts `calls` more calls on `actor`, carried by `tasks` more tasks.
   void add_load(uint32_t actor, int32_t calls, int32_t tasks);
   std::optional<uint32_t> choose(uint32_t group, const QueuedCall& call, uint64_t waiting);
-  std::optional<uint32_t> free_member(uint32_t group, int64_t exclude, bool idle,
-                                      bool fallback) const;
+  std::optional<uint32_t> free_member(uint32_t group, int64_t exclude, bool idle) const;
   bool holds(uint32_t group, uint32_t actor, uint64_t waiting);
   void dispatched_from(uint32_t group);
   void see_time(double now_s);

@@ -128,10 +128,8 @@ def run_both(
             roll = 0.95  # bring an actor back
         if roll < 0.40 or not running:
             key = None if rng.random() < 0.4 else rng.choice([0, 1, 2, 3, 4, 5, -7, 2**64 - 3])
-            idle_only = rng.random() < 0.1
             result = same("submit", rng.choice(groups), key, method=rng.choice(methods),
-                          alone=idle_only or rng.random() < 0.05, idle_only=idle_only,
-                          now_s=clock if rng.random() < 0.7 else None)
+                          alone=rng.random() < 0.05, now_s=clock if rng.random() < 0.7 else None)
             if result[0] == "returned" and isinstance(result[1], tuple):
                 running.append((result[1][1], 1))
         elif roll < 0.76:

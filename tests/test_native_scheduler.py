@@ -1119,7 +1119,8 @@ def test_adaptive_keeps_an_actor_measured_slow_to_one_task() -> None:
     assert s.tasks() == [1]
 
 
-def test_adaptive_picks_the_least_loaded_then_the_actor_most_recently_used() -> None:
+def test_adaptive_picks_the_least_loaded_then_the_idle_actor_used_last_or_busy_one_used_first(
+) -> None:
     s = Scheduler(3, "adaptive", max_tasks=4)
     for actor in (1, 0, 2):
         measure(s, actor, 0.001, times=2)  # the second sample is the first beyond start-up
@@ -1128,8 +1129,8 @@ def test_adaptive_picks_the_least_loaded_then_the_actor_most_recently_used() -> 
     s.complete(0, 0.002, 0.003, True)
     assert dispatch(s) == 0  # idle again, and the most recent
     s.acquire(1)
-    assert dispatch(s) == 1  # every actor has a call: 1 was used last
-    assert s.in_flight() == [1, 2, 1]
+    assert dispatch(s) == 2  # every actor has a call: 2 has had its own longest
+    assert s.in_flight() == [1, 1, 2]
 
 
 def test_a_batch_is_one_task_carrying_several_calls_in_flight() -> None:
@@ -1382,29 +1383,7 @@ def test_only_adaptive_over_task_slots_holds_calls_back() -> None:
         Scheduler(2, "adaptive", hold_ratio=-1.0)
 
 
-# Hedged calls: each copy goes to an idle actor
-
-
-def test_an_idle_only_call_waits_for_an_actor_with_no_task() -> None:
-    s = rated(Scheduler(2, "adaptive", max_tasks=2, pipeline_s=1.0), {0: 0.01, 1: 0.01})
-    first = dispatch(s)
-    assert s.submit(0, idle_only=True, alone=True).actor == 1 - first
-    waiting = s.submit(0, idle_only=True, alone=True)
-    assert waiting.actor == -1  # both actors could take a second task, neither is idle
-    behind = s.submit(0)
-    assert behind.actor == -1  # behind it, in order
-    drained = s.complete(first, 0.0, 0.01, True)
-    # It takes the actor that became idle; the call behind it may queue in an actor as usual.
-    assert [d.ticket for d in drained] == [waiting.ticket, behind.ticket]
-    assert drained[0].actor == first
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_an_idle_only_call_finds_the_idle_actor_whatever_the_policy_picks(seed: int) -> None:
-    s = Scheduler(4, "pow2", seed=seed)
-    for actor in (0, 1, 3):
-        s.acquire(actor)
-    assert s.submit(0, idle_only=True, alone=True).actor == 2
+# Hedged calls: a copy goes to another actor, an idle one where calls run in order
 
 
 def test_a_hedge_goes_to_an_idle_actor_other_than_the_first_copys() -> None:
@@ -1448,5 +1427,19 @@ def test_a_hedge_over_actors_that_run_calls_at_once_takes_the_least_loaded_other
     s = Scheduler(3, "adaptive")
     for actor in (0, 0, 1, 1, 2):
         s.acquire(actor)
-    assert s.hedge(0, 2, idle=False) == 1  # fewest calls after 2, the most recently sent
+    assert s.hedge(0, 2, idle=False) == 0  # as many as 1, but sent its task first
     assert s.hedge(0, 2, idle=True) == -1
+
+
+def test_adaptive_lets_a_steady_actor_take_a_second_task_behind_its_first() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=2, pipeline_s=0.002)
+    complete_one_after_another(s, 0, [0.02] * 12)  # 20 ms every time: what is left is known
+    dispatch(s)
+    assert s.submit(0).actor == 0 and s.tasks() == [2]
+
+
+def test_an_actor_whose_calls_vary_takes_one_task_at_a_time() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=2, pipeline_s=0.002)
+    complete_one_after_another(s, 0, [0.005, 0.035] * 12)  # 20 ms on average, never 20 ms
+    dispatch(s)
+    assert s.submit(0).actor == -1 and s.tasks() == [1]
