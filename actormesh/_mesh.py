@@ -29,6 +29,7 @@ log = logging.getLogger("actormesh")
 T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
+C = TypeVar("C")  # the actor class `connect` is given
 
 
 class Loads(list[int]):
@@ -214,9 +215,9 @@ class ActorMesh(Selectable, Generic[T]):
     @overload
     @classmethod
     def connect(
-        cls, name: str, actor_cls: type[T], /, *, balancer: BalancerSpec = ...,
+        cls, name: str, actor_cls: type[C], /, *, balancer: BalancerSpec = ...,
         max_in_flight: int | None = ..., coalesce: int = ..., restart_timeout_s: float = ...,
-    ) -> ActorMesh[T]: ...
+    ) -> ActorMesh[C]: ...
     @overload
     @classmethod
     def connect(

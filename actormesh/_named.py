@@ -20,11 +20,11 @@ import logging
 import pickle
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
-from ray import cloudpickle
+from ray.cloudpickle import cloudpickle
 
 from . import _drivers, _ray
 from ._actor import method_def
@@ -33,6 +33,9 @@ from ._shape import Shape
 from .dispatch import Dispatch
 
 log = logging.getLogger("actormesh")
+
+# Pickles a class defined in a script by value, so that a driver without the script can read it.
+_dumps: Callable[[Any], bytes] = cloudpickle.dumps  # untyped in Ray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +102,7 @@ def methods_of(cls: type[Any]) -> dict[str, Method]:
         if definition is None:
             out[name] = Method(None, False)
         else:
-            dispatch = None if definition.dispatch is None else cloudpickle.dumps(
-                definition.dispatch)
+            dispatch = None if definition.dispatch is None else _dumps(definition.dispatch)
             out[name] = Method(dispatch, not definition.coalesce)
     return out
 
