@@ -142,6 +142,7 @@ class ActorMesh(Selectable, Generic[T]):
         remote_cls = remote_class(actor_cls)
         handles: list[Any] = []
         publication: _named.Publication | None = None
+        shared: _drivers.Shared | None = None
         try:
             for rank in range(full.size):
                 per_actor = placed.actor_options(rank, options) if placed else dict(options)
@@ -152,19 +153,23 @@ class ActorMesh(Selectable, Generic[T]):
             if name is not None:
                 publication = _named.publish(name, actor_cls, full, handles,
                                              is_asyncio(actor_cls))
-                _drivers.share(scheduler, publication.record.table, label)
+                shared = _drivers.Shared(scheduler, publication.record.table,
+                                         _named.registry_name(name), label, creator=True)
         except BaseException:  # Ray refused an actor: leave nothing behind
             for handle in handles:
                 ray.kill(handle, no_restart=True)
             if placed is not None:
                 placed.release()
+            if shared is not None:
+                shared.leave()
             if publication is not None:
                 publication.withdraw()
             raise
 
         router = _router(handles, full, scheduler, restart_timeout_s, _batch.send_to_mesh_actor)
         self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full, router, label, RUN),
-                       handles, placed, on_restart, owned=True, publication=publication)
+                       handles, placed, on_restart, owned=True, publication=publication,
+                       shared=shared)
         self._root.router.failures.on_restart_timeout_s = on_restart_timeout_s
 
     @classmethod
@@ -259,21 +264,23 @@ class ActorMesh(Selectable, Generic[T]):
         full = record.shape
         scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
                                    concurrent=record.concurrent)
-        _drivers.share(scheduler, record.table, name)
         ActorStates.get().start()
+        shared = _drivers.Shared(scheduler, record.table, _named.registry_name(name), name,
+                                 creator=False)
         mesh: ActorMesh[Any] = object.__new__(ActorMesh)
         router = _router(handles, full, scheduler, restart_timeout_s, _batch.send_to_mesh_actor)
         mesh._assemble(_Root(None, record.class_name, frozenset(), full, router, name, RUN,
-                             record), handles, None, None, owned=False)
+                             record), handles, None, None, owned=False, shared=shared)
         return mesh
 
     def _assemble(self, root: _Root, handles: list[Any], placed: Placed | None,
                   on_restart: Callable[[ActorMesh[T]], object] | None, *, owned: bool,
-                  publication: _named.Publication | None = None) -> None:
+                  publication: _named.Publication | None = None,
+                  shared: _drivers.Shared | None = None) -> None:
         """Make this the whole mesh over `root`: follow the actors' states, and clean up when
         the last view of it goes."""
-        root.cleanup = weakref.finalize(root, _release, root.router,
-                                        handles if owned else [], placed, root.label, publication)
+        root.cleanup = weakref.finalize(root, _release, root.router, handles if owned else [],
+                                        placed, root.label, publication, shared)
         root.cleanup.atexit = False  # at exit Ray itself kills the actors
         if on_restart is not None:
             # Held weakly: the router (alive while calls are) must not keep a dropped mesh alive.
@@ -420,20 +427,21 @@ def _run_restart_hook(root_ref: weakref.ref[_Root], hook: Callable[[ActorMesh[An
 
 
 def _release(router: Router, handles: list[Any], placed: Placed | None, label: str,
-             publication: _named.Publication | None) -> None:
+             publication: _named.Publication | None, shared: _drivers.Shared | None) -> None:
     """A mesh was garbage-collected without `shutdown()`: shut it down on the loop thread
     (collection happens on any thread, Ray's completion thread included)."""
-    _loop.post(_shut, router, handles, placed, label, publication)
+    _loop.post(_shut, router, handles, placed, label, publication, shared)
 
 
 def _shut(router: Router, handles: list[Any], placed: Placed | None, label: str,
-          publication: _named.Publication | None) -> None:
-    """Close the router, then (a mesh this driver created) kill the actors; a named mesh is
-    marked closing before its actors go and unpublished after."""
+          publication: _named.Publication | None, shared: _drivers.Shared | None) -> None:
+    """Close the router and stop sharing its load, then (a mesh this driver created) kill the
+    actors; a named mesh is marked closing before its actors go and unpublished after."""
     if publication is not None:
         _quietly(label, "marking the mesh closing", publication.closing)
     router.close(f"{label}: the mesh was shut down before this call was sent")
-    router.scheduler.unshare_load()
+    if shared is not None:
+        _quietly(label, "leaving the drivers' load", shared.leave)
     for handle in handles:
         _quietly(label, "killing an actor", ray.kill, handle, no_restart=True)
     if placed is not None:

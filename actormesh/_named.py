@@ -4,7 +4,8 @@ The creator of `ActorMesh(Worker, shape, name="engines")` names its actors `engi
 `engines.1`, ... in its Ray namespace and publishes a `Record` of the mesh in Ray's internal
 key-value store (the GCS), under that namespace and name: the shape, the actors' ids, the
 class's methods (each with its dispatch and whether its calls may ride a batch), and the token
-of the table in which the drivers of the mesh share their load (`_drivers`). A driver in the
+of the table in which the drivers of the mesh share their load (`_drivers`; the load registry
+of drivers on other hosts is the named actor `engines.load`). A driver in the
 same namespace reads the record, looks the actors up by name and checks that they are the ones
 the record lists. The creator's `shutdown()` marks the record closing before it kills the actors
 and removes it after, so a driver that connects meanwhile gets a clear error rather than a mesh
@@ -26,7 +27,7 @@ from typing import Any
 import ray
 from ray.cloudpickle import cloudpickle
 
-from . import _drivers, _ray
+from . import _ray
 from ._actor import method_def
 from ._errors import MeshError
 from ._shape import Shape
@@ -88,6 +89,11 @@ def actor_name(name: str, rank: int) -> str:
     return f"{name}.{rank}"
 
 
+def registry_name(name: str) -> str:
+    """The Ray name of a named mesh's load registry (`_drivers.LoadRegistry`)."""
+    return f"{name}.load"
+
+
 def _key(namespace: str, name: str) -> str:
     return f"mesh/{namespace}/{name}"
 
@@ -133,14 +139,13 @@ class Publication:
                                                                         closing=True)))
 
     def withdraw(self) -> None:
-        """The mesh is gone: remove its record and its load table (once)."""
+        """The mesh is gone: remove its record (once)."""
         with self._lock:
             if self._withdrawn:
                 return
             self._withdrawn = True
         with _published_lock:
             _published.discard(self)
-        _drivers.remove_table(self.record.table)
         _ray.kv_del(self._key)
 
 

@@ -441,6 +441,8 @@ NB_MODULE(_native, m) {
             with_gil_rule(s, [&] { s.set_remote_load(calls); });
           },
           "calls"_a)
+      .def("load_table_id",
+           [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.load_table_id(); }); })
       .def("in_flight",
            [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.in_flight(); }); })
       .def("tasks", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.tasks(); }); })

@@ -629,6 +629,11 @@ void Scheduler::set_remote_load(const std::vector<uint32_t>& calls) {
   shared_->set_remote(calls);
 }
 
+uint64_t Scheduler::load_table_id() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shared_ ? shared_->table_id() : 0;
+}
+
 void Scheduler::learn_others(bool force) {
   if (!shared_ || !(force || shared_->due())) return;
   shared_->read(others_);

@@ -130,6 +130,8 @@ class Scheduler {
   void unshare_load();
   // Calls that drivers on other hosts have in flight, per actor (the mesh must be shared).
   void set_remote_load(const std::vector<uint32_t>& calls);
+  // The id of the table this driver shares (the same for every driver of its host); 0 unshared.
+  uint64_t load_table_id() const;
 
   // Calls `visit(payload)` for every queued call. Returns false, visiting nothing, when another
   // thread holds the scheduler (a garbage collector must not wait for it).

@@ -6,7 +6,8 @@
 // by that driver alone (its calls in flight per actor, one relaxed atomic store per change), and
 // summed by the others during a decision, at most once per refresh period, which tunes itself so
 // that reading stays near 1% of the time (a few hundred microseconds for a small mesh). Counts of
-// drivers on other hosts come from outside (`set_remote`): learnt off the hot path.
+// drivers on other hosts come from outside (`set_remote`): learnt off the hot path, where the
+// table's id (`table_id`) tells the drivers of one host from those of another.
 //
 // A driver that dies without leaving leaves its row marked live. Each row is also held by an
 // open-file-description lock, which the kernel drops with the process: a reader that finds a
@@ -25,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,8 +37,10 @@ class SharedLoad {
  public:
   static constexpr uint32_t kRows = 64;  // drivers of one mesh on one host
 
-  // Only counts set by set_remote: a driver with no table (shared memory unavailable).
-  explicit SharedLoad(uint32_t num_actors) : num_actors_(num_actors), remote_(num_actors, 0) {}
+  // Only counts set by set_remote: a driver with no table (shared memory unavailable), alone
+  // in a table of its own as far as `table_id` tells.
+  explicit SharedLoad(uint32_t num_actors)
+      : num_actors_(num_actors), remote_(num_actors, 0), table_id_(fresh_id()) {}
 
   // Maps the table at `path` for `num_actors` actors, creating it if this driver is the first,
   // and claims a free row. Throws std::runtime_error naming the path on any failure.
@@ -67,6 +71,10 @@ class SharedLoad {
                                std::to_string(expected) + " actors, not " +
                                std::to_string(num_actors));
     }
+    // The first driver names the table; every driver of it reads the same id.
+    uint64_t no_id = 0;
+    id()->compare_exchange_strong(no_id, fresh_id());
+    table_id_ = id()->load();
     for (uint32_t row = 0; row < kRows && row_ < 0; ++row) {
       if (lock(row, F_OFD_SETLK, F_WRLCK)) {
         row_ = static_cast<int32_t>(row);
@@ -97,6 +105,8 @@ class SharedLoad {
   SharedLoad& operator=(const SharedLoad&) = delete;
 
   bool has_table() const { return base_ != nullptr; }
+  // Tells the drivers that share this table (one host) from the drivers that do not.
+  uint64_t table_id() const { return table_id_; }
   // This driver's row in the table, -1 without one.
   int32_t row() const { return row_; }
 
@@ -187,7 +197,14 @@ class SharedLoad {
     }
   }
 
+  static uint64_t fresh_id() {
+    std::random_device source;
+    const uint64_t id = (static_cast<uint64_t>(source()) << 32) | source();
+    return id == 0 ? 1 : id;
+  }
+
   std::atomic<uint32_t>* header() const { return reinterpret_cast<std::atomic<uint32_t>*>(base_); }
+  std::atomic<uint64_t>* id() const { return reinterpret_cast<std::atomic<uint64_t>*>(base_ + 8); }
   std::atomic<uint32_t>& live(uint32_t row) const {
     return reinterpret_cast<std::atomic<uint32_t>*>(base_ + kLine + row * kLine)[0];
   }
@@ -201,6 +218,7 @@ class SharedLoad {
 
   uint32_t num_actors_;
   std::vector<uint32_t> remote_;
+  uint64_t table_id_ = 0;
   std::string path_;
   int fd_ = -1;
   unsigned char* base_ = nullptr;
@@ -213,7 +231,7 @@ class SharedLoad {
   double next_check_s_ = 0.0;
 };
 
-static_assert(std::atomic<uint32_t>::is_always_lock_free,
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory counters must be lock-free to be shared between processes");
 
 }  // namespace actormesh

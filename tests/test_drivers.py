@@ -285,15 +285,41 @@ def test_remote_counts_add_to_the_table(tmp_path: Any) -> None:
     assert mine.submit(0).actor == 1
 
 
-def test_a_table_that_cannot_be_used_leaves_the_driver_on_its_own_counts(
-        tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_drivers, "table_path", lambda token: str(tmp_path / "no" / token))
-    scheduler = _native.Scheduler(2, "adaptive")
-    with caplog.at_level(logging.WARNING, logger="actormesh"):
-        _drivers.share(scheduler, "t", "mesh-x")
-    assert "mesh-x: cannot share the load with other drivers" in caplog.text
-    scheduler.acquire(0)
-    assert [s[5] for s in scheduler.snapshot()] == [0, 0]
+def test_a_driver_without_a_usable_table_shares_through_the_registry(
+        ray_cluster: None, tmp_path: Any, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    name = unique("no-table")
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, name=name) as mesh:
+        monkeypatch.setattr(_drivers, "table_path", lambda token: str(tmp_path / "no" / token))
+        with caplog.at_level(logging.WARNING, logger="actormesh"):
+            joined = am.ActorMesh.connect(name)
+        assert f"{name}: cannot share the load with other drivers on this host" in caplog.text
+        sig = Signal.remote()  # type: ignore[attr-defined]
+        held = joined[0].methods.block.choose(sig)
+        waiters(sig, 1)
+        wait_until(lambda: [a.others for a in mesh.load().actors] == [1, 0])
+        sig.send.remote()
+        assert held.get(timeout=60) == 0
+        joined.shutdown()
+
+
+def test_drivers_on_two_hosts_see_each_others_calls_through_the_registry(
+        ray_cluster: None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = unique("hosts")
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, name=name) as mesh:
+        # Another host: a table of its own (the creator's is in /dev/shm).
+        monkeypatch.setattr(_drivers, "table_path", lambda token: str(tmp_path / token))
+        joined = am.ActorMesh.connect(name)
+        sig = Signal.remote()  # type: ignore[attr-defined]
+        theirs = joined[1].methods.block.choose(sig)
+        mine = mesh[0].methods.block.choose(sig)
+        waiters(sig, 2)
+        wait_until(lambda: [a.others for a in mesh.load().actors] == [0, 1])
+        wait_until(lambda: [a.others for a in joined.load().actors] == [1, 0])
+        sig.send.remote()
+        assert (mine.get(timeout=60), theirs.get(timeout=60)) == (0, 1)
+        joined.shutdown()
+        wait_until(lambda: [a.others for a in mesh.load().actors] == [0, 0])
 
 
 def test_a_table_made_for_another_number_of_actors_is_refused(tmp_path: Any) -> None:
