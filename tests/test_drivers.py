@@ -243,11 +243,16 @@ def test_the_calls_of_a_driver_that_died_stop_counting(ray_cluster: None) -> Non
 
 
 # -- the shared table, without Ray ---------------------------------------------------------------
+def two_drivers(tmp_path: Any, actors: int, policy: str = "adaptive") -> list[_native.Scheduler]:
+    """The schedulers of two drivers of one mesh on one host: they share a table."""
+    schedulers = [_native.Scheduler(actors, policy, seed=1) for _ in range(2)]
+    for scheduler in schedulers:
+        scheduler.share_load(str(tmp_path / "table"))
+    return schedulers
+
+
 def test_two_schedulers_on_one_table_see_each_others_calls(tmp_path: Any) -> None:
-    path = str(tmp_path / "table")
-    one, two = _native.Scheduler(3, "adaptive"), _native.Scheduler(3, "adaptive")
-    one.share_load(path)
-    two.share_load(path)
+    one, two = two_drivers(tmp_path, 3)
     one.acquire(0)
     one.acquire(0)
     two.acquire(2)
@@ -258,10 +263,7 @@ def test_two_schedulers_on_one_table_see_each_others_calls(tmp_path: Any) -> Non
 
 @pytest.mark.parametrize("policy", ["adaptive", "least_loaded", "pull", "sed", "pow2"])
 def test_every_policy_counts_the_other_drivers_calls(tmp_path: Any, policy: str) -> None:
-    path = str(tmp_path / "table")
-    other, mine = _native.Scheduler(2, policy, seed=1), _native.Scheduler(2, policy, seed=1)
-    other.share_load(path)
-    mine.share_load(path)
+    other, mine = two_drivers(tmp_path, 2, policy)
     for _ in range(3):
         other.acquire(0)
     mine.snapshot()  # learn now rather than at the next refresh
@@ -269,15 +271,12 @@ def test_every_policy_counts_the_other_drivers_calls(tmp_path: Any, policy: str)
 
 
 def test_slots_bound_a_drivers_own_calls_not_the_others(tmp_path: Any) -> None:
-    path = str(tmp_path / "table")
-    other, mine = _native.Scheduler(1, "pull"), _native.Scheduler(1, "pull")
-    other.share_load(path)
-    mine.share_load(path)
+    other, mine = two_drivers(tmp_path, 1, "pull")
     other.acquire(0)
     assert mine.submit(0).actor == 0  # the other driver's call takes no slot of this one
 
 
-def test_remote_counts_add_to_the_table(tmp_path: Any) -> None:
+def test_remote_counts_add_to_the_table() -> None:
     mine = _native.Scheduler(2, "least_loaded")
     mine.share_load(None)
     mine.set_remote_load([4, 1])
@@ -330,14 +329,11 @@ def test_a_table_made_for_another_number_of_actors_is_refused(tmp_path: Any) -> 
 
 
 def test_unsharing_forgets_the_other_drivers(tmp_path: Any) -> None:
-    path = str(tmp_path / "table")
-    other, mine = _native.Scheduler(1, "adaptive"), _native.Scheduler(1, "adaptive")
-    other.share_load(path)
-    mine.share_load(path)
+    other, mine = two_drivers(tmp_path, 1)
     other.acquire(0)
     assert mine.snapshot()[0][5] == 1
     mine.unshare_load()
     assert mine.snapshot()[0][5] == 0
     other.unshare_load()
-    mine.share_load(path)
+    mine.share_load(str(tmp_path / "table"))
     assert mine.snapshot()[0][5] == 0  # the row of a driver that left counts nothing
