@@ -78,6 +78,9 @@ class LoadRegistry:
         self._rows.pop(driver, None)
 
 
+_Registry = ray.remote(num_cpus=0)(LoadRegistry)
+
+
 class Shared:
     """This driver's part in sharing a mesh's load: its row in its host's table, and its
     exchange with the drivers of other hosts. `creator`: this driver made the mesh, and starts
@@ -99,7 +102,7 @@ class Shared:
                         "(%s); it is shared through the mesh's registry only", label, err)
             scheduler.share_load(None)
         if creator:
-            self._handle = ray.remote(num_cpus=0)(LoadRegistry).options(name=registry).remote()
+            self._handle = _Registry.options(name=registry).remote()
         self._task: cf.Future[None] = _loop.submit(self._exchange())
 
     async def _exchange(self) -> None:

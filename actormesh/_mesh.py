@@ -269,8 +269,12 @@ class ActorMesh(Selectable, Generic[T]):
                                  creator=False)
         mesh: ActorMesh[Any] = object.__new__(ActorMesh)
         router = _router(handles, full, scheduler, restart_timeout_s, _batch.send_to_mesh_actor)
-        mesh._assemble(_Root(None, record.class_name, frozenset(), full, router, name, RUN,
-                             record), handles, None, None, owned=False, shared=shared)
+        try:
+            mesh._assemble(_Root(None, record.class_name, frozenset(), full, router, name, RUN,
+                                 record), handles, None, None, owned=False, shared=shared)
+        except BaseException:
+            shared.leave()
+            raise
         return mesh
 
     def _assemble(self, root: _Root, handles: list[Any], placed: Placed | None,

@@ -38,8 +38,8 @@ class PeerDriver:
         assert self._answer(120) == "ready"
 
     def ask(self, op: str, *args: Any, timeout: float = 120) -> Any:
-        """Run `op` in the peer and return its value; raise what it raised, as a MeshError,
-        TypeError or AssertionError carrying the peer's message."""
+        """Run `op` in the peer and return its value; raise what it raised (an actormesh error
+        or a TypeError, else an AssertionError) with the peer's message."""
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps({"op": op, "args": list(args)}) + "\n")
         self.process.stdin.flush()
@@ -56,8 +56,10 @@ class PeerDriver:
         answer = json.loads(line)
         if "error" in answer:
             kind, message = answer["error"]
-            raise {"MeshError": am.MeshError, "TypeError": TypeError}.get(
-                kind, AssertionError)(f"{kind}: {message}")
+            error = getattr(am, kind, None)
+            if not (isinstance(error, type) and issubclass(error, am.MeshError)):
+                error = TypeError if kind == "TypeError" else AssertionError
+            raise error(f"{kind}: {message}")
         return answer["ok"]
 
     def kill(self) -> None:
@@ -224,6 +226,18 @@ def test_an_actor_killed_is_seen_by_both_drivers(peer: PeerDriver) -> None:
         assert peer.ask("wait_dead", name, 1)
         assert 1 not in peer.ask("choose_ranks", name, 6)
         assert 1 not in [mesh.methods.rank.choose().get(timeout=60) for _ in range(6)]
+
+
+def test_when_the_creator_shuts_the_mesh_down_a_joined_driver_has_no_actor_left(
+        peer: PeerDriver) -> None:
+    name = unique("creator-gone")
+    mesh = am.ActorMesh(Worker, shape=2, num_cpus=0.1, name=name)
+    peer.ask("connect", name)
+    mesh.shutdown()
+    assert peer.ask("wait_dead", name, 0) and peer.ask("wait_dead", name, 1)
+    with pytest.raises(am.NoLiveActorsError, match="no live actor"):
+        peer.ask("choose_ranks", name, 1)
+    peer.ask("shutdown", name)
 
 
 def test_the_calls_of_a_driver_that_died_stop_counting(ray_cluster: None) -> None:
