@@ -38,6 +38,7 @@ class ActorLoad:
     alive: bool = True
     restarting: bool = False  # not alive, but coming back: calls only it can take wait for it
     ejected: bool = False  # failed several calls in a row: passed over for a while
+    others: int = 0  # of `in_flight`, the calls of other drivers (a mesh several drivers share)
 
 
 class Balancer(abc.ABC):

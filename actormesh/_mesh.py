@@ -6,14 +6,14 @@ import dataclasses
 import functools
 import logging
 import weakref
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, Generic, TypeVar, cast, overload
 
 import ray
 from ray.actor import ActorHandle
 from typing_extensions import ParamSpec, Self
 
-from . import _batch, _loop, _native, _ray
+from . import _batch, _drivers, _loop, _named, _native, _ray
 from ._actor import RUN, Identity, check_init_args, is_asyncio, method_def, remote_class
 from ._balancer import DEFAULT_BALANCER, DEFAULT_COALESCE, ActorLoad, BalancerSpec, make_scheduler
 from ._calls import Router
@@ -29,6 +29,7 @@ log = logging.getLogger("actormesh")
 T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
+C = TypeVar("C")  # the actor class `connect` is given
 
 
 class Loads(list[int]):
@@ -47,13 +48,14 @@ class Loads(list[int]):
 class _Root:
     """What every view of one mesh shares: the actors, their router and the placement."""
 
-    cls: type[Any] | None  # None for a mesh over actors made elsewhere (`from_actors`)
+    cls: type[Any] | None  # None for a mesh over actors made elsewhere (`from_actors`, `connect`)
     class_name: str
     method_names: frozenset[str]  # of actors made elsewhere, from their handles
     shape: Shape
     router: Router
     label: str
     run_method: str  # what `run_in_actors` calls
+    record: _named.Record | None = None  # of a mesh joined with `connect`: its methods
     cleanup: weakref.finalize[..., _Root] = dataclasses.field(init=False)
 
 
@@ -97,6 +99,10 @@ class ActorMesh(Selectable, Generic[T]):
         view of it, on a user thread of this mesh (it may call the mesh and wait, e.g. to make
         the actor rejoin a collective group), before `choose` routes to the actor again; after
         `on_restart_timeout_s` the actor is routed to anyway (the overrun is logged).
+
+        With `name`, the actors are Ray named actors `name.0`, `name.1`, ... and the mesh can
+        be joined from other drivers of this Ray namespace (`ActorMesh.connect(name)`); the
+        drivers' balancers then see each other's calls.
         """
         if not isinstance(actor_cls, type):
             raise TypeError(f"ActorMesh needs a class, got {actor_cls!r}")
@@ -135,23 +141,35 @@ class ActorMesh(Selectable, Generic[T]):
                 options[key] = dict(value) if isinstance(value, Mapping) else value
         remote_cls = remote_class(actor_cls)
         handles: list[Any] = []
+        publication: _named.Publication | None = None
+        shared: _drivers.Shared | None = None
         try:
             for rank in range(full.size):
                 per_actor = placed.actor_options(rank, options) if placed else dict(options)
                 if name is not None:
-                    per_actor["name"] = f"{name}.{rank}"
+                    per_actor["name"] = _named.actor_name(name, rank)
                 identity = Identity(rank, full.dims, full.sizes)
                 handles.append(remote_cls.options(**per_actor).remote(identity, *args, **user_kwargs))
+            if name is not None:
+                publication = _named.publish(name, actor_cls, full, handles,
+                                             is_asyncio(actor_cls))
+                shared = _drivers.Shared(scheduler, publication.record.table,
+                                         _named.registry_name(name), label, creator=True)
         except BaseException:  # Ray refused an actor: leave nothing behind
             for handle in handles:
                 ray.kill(handle, no_restart=True)
             if placed is not None:
                 placed.release()
+            if shared is not None:
+                shared.leave()
+            if publication is not None:
+                publication.withdraw()
             raise
 
         router = _router(handles, full, scheduler, restart_timeout_s, _batch.send_to_mesh_actor)
         self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full, router, label, RUN),
-                       handles, placed, on_restart, owned=True)
+                       handles, placed, on_restart, owned=True, publication=publication,
+                       shared=shared)
         self._root.router.failures.on_restart_timeout_s = on_restart_timeout_s
 
     @classmethod
@@ -199,12 +217,74 @@ class ActorMesh(Selectable, Generic[T]):
                              "__ray_call__"), handles, None, None, owned=False)
         return mesh
 
+    @overload
+    @classmethod
+    def connect(
+        cls, name: str, actor_cls: type[C], /, *, balancer: BalancerSpec = ...,
+        max_in_flight: int | None = ..., coalesce: int = ..., restart_timeout_s: float = ...,
+    ) -> ActorMesh[C]: ...
+    @overload
+    @classmethod
+    def connect(
+        cls, name: str, /, *, balancer: BalancerSpec = ..., max_in_flight: int | None = ...,
+        coalesce: int = ..., restart_timeout_s: float = ...,
+    ) -> ActorMesh[Any]: ...
+    @classmethod
+    def connect(
+        cls,
+        name: str,
+        actor_cls: type[Any] | None = None,
+        /,
+        *,
+        balancer: BalancerSpec = DEFAULT_BALANCER,
+        max_in_flight: int | None = None,
+        coalesce: int = DEFAULT_COALESCE,
+        restart_timeout_s: float = 60.0,
+    ) -> ActorMesh[Any]:
+        """Join the mesh that another driver of this Ray namespace created with `name=`: the same
+        shape, dims, methods (with their dispatch) and verbs, and failure handling, through a
+        balancer of this driver's own (`balancer`, `max_in_flight` and `coalesce` as for
+        `ActorMesh`; slots bound this driver's calls). Every driver's balancer counts the calls
+        the others have in flight, so several drivers do not herd onto the same actors.
+
+        Pass the actor class (`connect("engines", Engine)`) for a typed `ActorMesh[Engine]`;
+        it must be the class the mesh was made of. `shutdown()` leaves the actors to their
+        creator. Raises `am.MeshError` naming the mesh when there is no such mesh in this
+        namespace, it is being shut down, or one of its actors is gone.
+        """
+        check_timeout("restart_timeout_s", restart_timeout_s)
+        if actor_cls is not None and not isinstance(actor_cls, type):
+            raise TypeError(f"connect({name!r}, {actor_cls!r}): the second argument must be "
+                            "the mesh's actor class")
+        if not ray.is_initialized():
+            ray.init()  # as Ray does on a first call, honouring RAY_ADDRESS
+        record, handles = _named.find(name)
+        if actor_cls is not None:
+            _named.check_class(record, actor_cls)
+        full = record.shape
+        scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
+                                   concurrent=record.concurrent)
+        ActorStates.get().start()
+        shared = _drivers.Shared(scheduler, record.table, _named.registry_name(name), name,
+                                 creator=False)
+        mesh: ActorMesh[Any] = object.__new__(ActorMesh)
+        router = _router(handles, full, scheduler, restart_timeout_s, _batch.send_to_mesh_actor)
+        try:
+            mesh._assemble(_Root(None, record.class_name, frozenset(), full, router, name, RUN,
+                                 record), handles, None, None, owned=False, shared=shared)
+        except BaseException:
+            shared.leave()
+            raise
+        return mesh
+
     def _assemble(self, root: _Root, handles: list[Any], placed: Placed | None,
-                  on_restart: Callable[[ActorMesh[T]], object] | None, *, owned: bool) -> None:
+                  on_restart: Callable[[ActorMesh[T]], object] | None, *, owned: bool,
+                  publication: _named.Publication | None = None,
+                  shared: _drivers.Shared | None = None) -> None:
         """Make this the whole mesh over `root`: follow the actors' states, and clean up when
         the last view of it goes."""
-        root.cleanup = weakref.finalize(root, _release, root.router,
-                                        handles if owned else [], placed, root.label)
+        root.cleanup = weakref.finalize(root, _release, root.router, handles if owned else [],
+                                        placed, root.label, publication, shared)
         root.cleanup.atexit = False  # at exit Ray itself kills the actors
         if on_restart is not None:
             # Held weakly: the router (alive while calls are) must not keep a dropped mesh alive.
@@ -271,13 +351,15 @@ class ActorMesh(Selectable, Generic[T]):
 
     def load(self) -> Loads:
         """Calls in flight per actor of this view (rank order), with latency and liveness, as
-        they were at one instant."""
+        they were at one instant. On a mesh several drivers share (`name=`, `connect`), the
+        counts include the other drivers' calls (`ActorLoad.others`)."""
         snapshot = self._root.router.scheduler.snapshot()
         loads = []
         for rank, actor in enumerate(self._target.actors):
-            in_flight, _, latency, status, ejected = snapshot[actor]
-            loads.append(ActorLoad(rank, in_flight, latency, status == "alive",
-                                   restarting=status == "restarting", ejected=ejected))
+            own, _, latency, status, ejected, others = snapshot[actor]
+            loads.append(ActorLoad(rank, own + others, latency, status == "alive",
+                                   restarting=status == "restarting", ejected=ejected,
+                                   others=others))
         return Loads(loads)
 
     def __repr__(self) -> str:
@@ -319,8 +401,8 @@ class ActorMesh(Selectable, Generic[T]):
 
     def shutdown(self) -> None:
         """Kill every actor of the mesh (views share them) and release its placement group;
-        a mesh made with `from_actors` leaves its actors alive. Calls still waiting for a slot
-        fail with `am.MeshError`."""
+        a mesh made with `from_actors` or joined with `connect` leaves its actors alive (to
+        their creator). Calls still waiting for a slot fail with `am.MeshError`."""
         detached = self._root.cleanup.detach()
         if detached is not None:
             _shut(*detached[2])
@@ -348,21 +430,35 @@ def _run_restart_hook(root_ref: weakref.ref[_Root], hook: Callable[[ActorMesh[An
         hook(ActorMesh._view(root, Shape({}), (actor,)))
 
 
-def _release(router: Router, handles: list[Any], placed: Placed | None, label: str) -> None:
+def _release(router: Router, handles: list[Any], placed: Placed | None, label: str,
+             publication: _named.Publication | None, shared: _drivers.Shared | None) -> None:
     """A mesh was garbage-collected without `shutdown()`: shut it down on the loop thread
     (collection happens on any thread, Ray's completion thread included)."""
-    _loop.post(_shut, router, handles, placed, label)
+    _loop.post(_shut, router, handles, placed, label, publication, shared)
 
 
-def _shut(router: Router, handles: list[Any], placed: Placed | None, label: str) -> None:
+def _shut(router: Router, handles: list[Any], placed: Placed | None, label: str,
+          publication: _named.Publication | None, shared: _drivers.Shared | None) -> None:
+    """Close the router and stop sharing its load, then (a mesh this driver created) kill the
+    actors; a named mesh is marked closing before its actors go and unpublished after."""
+    if publication is not None:
+        _quietly(label, "marking the mesh closing", publication.closing)
     router.close(f"{label}: the mesh was shut down before this call was sent")
+    if shared is not None:
+        _quietly(label, "leaving the drivers' load", shared.leave)
     for handle in handles:
-        try:
-            ray.kill(handle, no_restart=True)
-        except Exception as err:  # noqa: BLE001 - Ray is gone already (interpreter exit)
-            log.debug("actormesh: killing an actor of %s failed: %s", label, err)
+        _quietly(label, "killing an actor", ray.kill, handle, no_restart=True)
     if placed is not None:
         placed.release()
+    if publication is not None:
+        _quietly(label, "unpublishing the mesh", publication.withdraw)
+
+
+def _quietly(label: str, what: str, fn: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+    try:
+        fn(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - Ray is gone already (interpreter exit)
+        log.debug("actormesh: %s of %s failed: %s", what, label, err)
 
 
 class _Methods:
@@ -381,6 +477,8 @@ class _Methods:
                 definition = method_def(root.cls, name)
                 dispatch = definition.dispatch if definition else None
                 alone = definition is not None and not definition.coalesce
+            elif root.record is not None:
+                dispatch, alone = root.record.method(name)
             elif name in root.method_names and not name.startswith("__"):
                 dispatch = None
             else:
@@ -392,5 +490,10 @@ class _Methods:
 
     def __dir__(self) -> list[str]:
         root = self._mesh._root
-        names = dir(root.cls) if root.cls is not None else root.method_names
+        if root.cls is not None:
+            names: Iterable[str] = dir(root.cls)
+        elif root.record is not None:
+            names = root.record.methods
+        else:
+            names = root.method_names
         return [n for n in names if not n.startswith("_")]

@@ -199,3 +199,31 @@ def method_names(handle: Any) -> list[str]:
 def class_name(handle: Any) -> str:
     descriptor = getattr(handle, "_ray_actor_creation_function_descriptor", None)
     return str(getattr(descriptor, "class_name", "") or type(handle).__name__)
+
+
+# Ray's internal key-value store (in the GCS): where a named mesh is published for other drivers.
+_KV_NAMESPACE = "actormesh"
+
+
+def kv_put(key: str, value: bytes) -> None:
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, value, overwrite=True, namespace=_KV_NAMESPACE)
+
+
+def kv_get(key: str) -> bytes | None:
+    from ray.experimental import internal_kv
+
+    value: bytes | None = internal_kv._internal_kv_get(key, namespace=_KV_NAMESPACE)
+    return value
+
+
+def kv_del(key: str) -> None:
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_del(key, namespace=_KV_NAMESPACE)
+
+
+def namespace() -> str:
+    """The Ray namespace of this driver (named actors and meshes live in one)."""
+    return str(ray.get_runtime_context().namespace)

@@ -445,11 +445,26 @@ NB_MODULE(_native, m) {
              nb::list out;
              for (const Scheduler::ActorState& a : states) {
                out.append(nb::make_tuple(a.in_flight, a.tasks, a.mean_latency_s,
-                                         status_name(a.status), a.ejected));
+                                         status_name(a.status), a.ejected, a.others));
              }
              return out;
            },
-           nb::sig("def snapshot(self) -> list[tuple[int, int, float, str, bool]]"))
+           nb::sig("def snapshot(self) -> list[tuple[int, int, float, str, bool, int]]"))
+      .def(
+          "share_load",
+          [](PyScheduler& s, std::optional<std::string> path) {
+            with_gil_rule(s, [&] { s.share_load(path); });
+          },
+          "path"_a.none())
+      .def("unshare_load", [](PyScheduler& s) { with_gil_rule(s, [&] { s.unshare_load(); }); })
+      .def(
+          "set_remote_load",
+          [](PyScheduler& s, const std::vector<uint32_t>& calls) {
+            with_gil_rule(s, [&] { s.set_remote_load(calls); });
+          },
+          "calls"_a)
+      .def("load_table_id",
+           [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.load_table_id(); }); })
       .def("in_flight",
            [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.in_flight(); }); })
       .def("tasks", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.tasks(); }); })

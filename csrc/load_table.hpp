@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "recent_times.hpp"
+#include "shared_load.hpp"
 
 namespace actormesh {
 
@@ -17,7 +18,12 @@ namespace actormesh {
 enum class Status : uint8_t { alive, restarting, dead };
 
 struct ActorLoad {
-  uint32_t in_flight = 0;  // calls dispatched or acquired and not yet completed
+  // Calls on the actor not yet completed: this driver's (`own`) and, on a mesh that several
+  // drivers share, the other drivers' (`others`, see shared_load.hpp). Policies rank by it;
+  // slots bound `own`.
+  uint32_t in_flight = 0;
+  uint32_t own = 0;        // calls this driver dispatched or acquired and not yet completed
+  uint32_t others = 0;
   uint32_t tasks = 0;      // Ray tasks carrying them: a batch of k calls is k in flight, 1 task
   uint64_t last_task = 0;  // when it was last sent a task, counted in tasks sent to the mesh
   Status status = Status::alive;
@@ -115,7 +121,7 @@ class LoadTable {
   }
 
   bool has_call_slot(uint32_t actor) const {
-    return max_in_flight_ == 0 || actors_[actor].in_flight < max_in_flight_;
+    return max_in_flight_ == 0 || actors_[actor].own < max_in_flight_;
   }
 
   // Eligible and not ejected: what the policies choose among while there is any.
@@ -147,12 +153,28 @@ class LoadTable {
   // `calls` more (or fewer) calls in flight, carried by `tasks` more (or fewer) Ray tasks.
   void add(uint32_t actor, int32_t calls, int32_t tasks) {
     ActorLoad& a = actors_[actor];
+    a.own += calls;
     a.in_flight += calls;
     a.tasks += tasks;
     if (tasks > 0) {
       if (static_cast<double>(age(actor)) >= stale_after()) a.stale = true;
       a.last_task = ++tasks_sent_;
     }
+    if (shared_ != nullptr) shared_->publish(actor, a.own);
+  }
+
+  // Other drivers have `calls` calls in flight on `actor`.
+  void set_others(uint32_t actor, uint32_t calls) {
+    ActorLoad& a = actors_[actor];
+    a.others = calls;
+    a.in_flight = a.own + calls;
+  }
+
+  // Publishes this driver's counts to `shared` from now on (null: to nobody).
+  void share(SharedLoad* shared) {
+    shared_ = shared;
+    if (shared_ == nullptr) return;
+    for (uint32_t actor = 0; actor < size(); ++actor) shared_->publish(actor, actors_[actor].own);
   }
 
   // Tasks sent to the mesh since `actor` was last sent one.
@@ -271,6 +293,7 @@ class LoadTable {
   double ewma_sum_ = 0.0;
   uint32_t measured_ = 0;
   uint64_t tasks_sent_ = 0;
+  SharedLoad* shared_ = nullptr;  // owned by the scheduler
 };
 
 }  // namespace actormesh

@@ -296,6 +296,7 @@ uint32_t Scheduler::least_loaded_eligible(const Group& group) const {
 std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call,
                                           uint64_t waiting) {
   const bool sticky = call.affinity && config_.sticky;
+  learn_others();
   if (sticky) {
     const std::optional<uint32_t> last = affinity_.find(*call.affinity);
     if (last && sticks(group, *last)) {
@@ -638,9 +639,9 @@ void Scheduler::end_ejections(double now_s) {
 // Checks that `calls` calls (and with `task`, their task) are in flight on `actor`.
 void Scheduler::check_held(uint32_t actor, int64_t calls, bool task, const char* what) const {
   const ActorLoad& load = loads_[actor];
-  if (calls < 1 || calls > load.in_flight || (task && load.tasks == 0)) {
+  if (calls < 1 || calls > load.own || (task && load.tasks == 0)) {
     throw std::logic_error(std::string(what) + "(actor=" + std::to_string(actor) + ", calls=" +
-                           std::to_string(calls) + "): " + std::to_string(load.in_flight) +
+                           std::to_string(calls) + "): " + std::to_string(load.own) +
                            " calls in " + std::to_string(load.tasks) + " tasks in flight on actor " +
                            std::to_string(actor));
   }
@@ -748,16 +749,61 @@ std::vector<Decision> Scheduler::take_queued() {
   return out;
 }
 
-std::vector<Scheduler::ActorState> Scheduler::snapshot() const {
+std::vector<Scheduler::ActorState> Scheduler::snapshot() {
   std::lock_guard<std::mutex> lock(mutex_);
+  learn_others(true);
   std::vector<ActorState> out(loads_.size());
   for (uint32_t a = 0; a < loads_.size(); ++a) {
     const ActorLoad& load = loads_[a];
-    out[a] = {load.in_flight, load.tasks,
+    out[a] = {load.own, load.tasks,
               load.measured ? load.ewma_s : std::numeric_limits<double>::quiet_NaN(),
-              load.status, load.ejected};
+              load.status, load.ejected, load.others};
   }
   return out;
+}
+
+void Scheduler::share_load(const std::optional<std::string>& path) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  loads_.share(nullptr);
+  shared_.reset();  // a driver holds one row of a table at most
+  shared_ = path ? std::make_unique<SharedLoad>(*path, loads_.size())
+                 : std::make_unique<SharedLoad>(loads_.size());
+  loads_.share(shared_.get());
+  learn_others(true);
+}
+
+void Scheduler::unshare_load() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  loads_.share(nullptr);
+  shared_.reset();
+  for (uint32_t a = 0; a < loads_.size(); ++a) {
+    if (loads_[a].others == 0) continue;
+    const Standing before = standing(a);
+    loads_.set_others(a, 0);
+    changed(a, before);
+  }
+}
+
+void Scheduler::set_remote_load(const std::vector<uint32_t>& calls) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!shared_) throw std::logic_error("set_remote_load: the load of this mesh is not shared");
+  shared_->set_remote(calls);
+}
+
+uint64_t Scheduler::load_table_id() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shared_ ? shared_->table_id() : 0;
+}
+
+void Scheduler::learn_others(bool force) {
+  if (!shared_ || !(force || shared_->due())) return;
+  shared_->read(others_);
+  for (uint32_t a = 0; a < loads_.size(); ++a) {
+    if (others_[a] == loads_[a].others) continue;
+    const Standing before = standing(a);
+    loads_.set_others(a, others_[a]);
+    changed(a, before);
+  }
 }
 
 std::vector<uint32_t> Scheduler::tasks() const {
@@ -770,7 +816,7 @@ std::vector<uint32_t> Scheduler::tasks() const {
 std::vector<uint32_t> Scheduler::in_flight() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<uint32_t> out(loads_.size());
-  for (uint32_t a = 0; a < loads_.size(); ++a) out[a] = loads_[a].in_flight;
+  for (uint32_t a = 0; a < loads_.size(); ++a) out[a] = loads_[a].own;
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include "picker.hpp"
 #include "policy.hpp"
 #include "rng.hpp"
+#include "shared_load.hpp"
 
 namespace actormesh {
 
@@ -138,6 +139,18 @@ class Scheduler {
   // Takes every queued call out of its queue (the mesh shuts down).
   std::vector<Decision> take_queued();
 
+  // Several drivers: from now on this driver's calls are published to the shared-memory table at
+  // `path` (created by the first driver; nullopt: no table, remote counts only) and the other
+  // drivers' calls count in every actor's load (see shared_load.hpp). Throws std::runtime_error
+  // when the table cannot be used.
+  void share_load(const std::optional<std::string>& path);
+  // Stops publishing and forgets the other drivers' calls.
+  void unshare_load();
+  // Calls that drivers on other hosts have in flight, per actor (the mesh must be shared).
+  void set_remote_load(const std::vector<uint32_t>& calls);
+  // The id of the table this driver shares (the same for every driver of its host); 0 unshared.
+  uint64_t load_table_id() const;
+
   // Calls `visit(payload)` for every queued call. Returns false, visiting nothing, when another
   // thread holds the scheduler (a garbage collector must not wait for it).
   template <typename Visit>
@@ -152,15 +165,16 @@ class Scheduler {
 
   // Every actor's load at one instant (one lock).
   struct ActorState {
-    uint32_t in_flight;
+    uint32_t in_flight;  // this driver's calls
     uint32_t tasks;
     double mean_latency_s;  // NaN until measured
     Status status;
     bool ejected;
+    uint32_t others;  // other drivers' calls, as last learnt (fresh for a snapshot)
   };
-  std::vector<ActorState> snapshot() const;
+  std::vector<ActorState> snapshot();
 
-  std::vector<uint32_t> in_flight() const;
+  std::vector<uint32_t> in_flight() const;  // this driver's calls per actor
   std::vector<uint32_t> tasks() const;
   std::vector<double> mean_latency_s() const;
   std::vector<bool> alive() const;
@@ -218,6 +232,8 @@ class Scheduler {
   void free_if_unused(uint32_t group);
   void eject_if_due(uint32_t actor, double now_s);
   void end_ejections(double now_s);
+  // Counts the other drivers' calls as the shared table says now, if a refresh is due.
+  void learn_others(bool force = false);
 
   mutable std::mutex mutex_;
   const SchedulerConfig config_;  // validated; first, since the members below are built from it
@@ -236,6 +252,8 @@ class Scheduler {
   double clock_ = 0.0;  // the latest time seen (submit, complete, expire_holds)
   // No hold ends before this; may be early (a hold that ended since), never late.
   double earliest_hold_ = std::numeric_limits<double>::infinity();
+  std::unique_ptr<SharedLoad> shared_;  // null unless several drivers share the mesh
+  std::vector<uint32_t> others_;        // scratch for learn_others
 };
 
 }  // namespace actormesh

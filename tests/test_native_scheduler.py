@@ -1296,8 +1296,8 @@ def test_snapshot_gives_every_actors_load_at_once() -> None:
     s.acquire(1)
     s.mark_dead(0, restarting=True)
     [zero, one] = s.snapshot()
-    assert zero[:2] == (0, 0) and math.isnan(zero[2]) and zero[3:] == ("restarting", True)
-    assert one == (1, 1, 0.5, "alive", False)
+    assert zero[:2] == (0, 0) and math.isnan(zero[2]) and zero[3:] == ("restarting", True, 0)
+    assert one == (1, 1, 0.5, "alive", False, 0)
 
 
 # The adaptive policy: the faster actor first, and no call given to a straggler too soon

@@ -38,7 +38,7 @@ from benchmarks.report import provenance
 # `am.ActorMesh.connect` (issue 24). True once it is merged: four drivers that join the mesh by
 # name become the headline contender (with their twin as the A/A control), and `make bench`
 # runs the scenario.
-CONNECT = False
+CONNECT = True
 
 ACTORS = 8
 DRIVERS = 4
