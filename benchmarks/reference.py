@@ -36,8 +36,8 @@ Shared rules, native and here:
   by the weight 1 - (1 - alpha)**k (alpha for one call). The method's estimate, and the actor's
   one for the pipeline rule (`low_s`), rise RISE_SLOWER times slower than they fall: samples
   taken on the driver are inflated by its own delays, never deflated.
-- Start-up: the first sample of an incarnation (`fresh`) may only lower an estimate; an estimate
-  that has no other sample takes it provisionally, and the next sample replaces it if lower.
+- Start-up: the first sample of an incarnation (`fresh`) may only lower an estimate, never make
+  one: an actor or method whose only sample is a start-up stays unmeasured.
   An actor sent a task after STALE_TASKS_PER_ACTOR tasks per actor went elsewhere is stale: its
   next sample replaces its estimate.
   The method keeps its latest non-start-up samples (RECENT of them) for a percentile.
@@ -106,12 +106,11 @@ class ActorLoad:
     spread: float = 1.0  # moving average of |sample - ewma_s| / ewma_s
     last_end_s: float = -math.inf
     fresh: bool = True  # the next sample is the incarnation's first: it may include start-up
-    provisional: bool = False  # ewma_s holds one sample, which may include start-up
     stale: bool = False  # not sent a task for long: the next sample replaces the estimate
 
     @property
     def known(self) -> bool:
-        return self.ewma_s is not None and not self.provisional
+        return self.ewma_s is not None
 
     @property
     def steady(self) -> bool:
@@ -122,7 +121,6 @@ class ActorLoad:
 class Method:
     alone: bool
     ewma_s: float | None = None
-    provisional: bool = False
     recent: list[float] = field(default_factory=list)  # a ring of the latest samples
     next: int = 0  # where the next sample goes once the ring is full
 
@@ -716,8 +714,7 @@ class Scheduler:
                 method: Method) -> None:
         """Service time per call: from the later of the task's start and the actor's previous
         completion, shared equally by its calls, each one sample. A start-up sample (the
-        incarnation's first) may lower an estimate, never raise it; a provisional estimate is
-        replaced by a lower next sample."""
+        incarnation's first) may lower an estimate, never raise or make one."""
         sample = (ended_s - max(started_s, load.last_end_s)) / calls
         load.last_end_s = max(load.last_end_s, ended_s)
         if not ok or sample < 0:
@@ -728,14 +725,13 @@ class Scheduler:
             load.stale = False
         weight = self._alpha if calls == 1 else 1.0 - (1.0 - self._alpha) ** calls
         if load.ewma_s is None:  # the first sample moves the prior like any other
-            prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
-            load.ewma_s = prior + weight * (sample - prior)
-            load.low_s = sample
-            load.provisional = startup
-            self._ewma_sum += load.ewma_s
-            self._measured += 1
-        elif (load.provisional and sample < load.ewma_s) or stale:
-            load.provisional = startup
+            if not startup:
+                prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
+                load.ewma_s = prior + weight * (sample - prior)
+                load.low_s = sample
+                self._ewma_sum += load.ewma_s
+                self._measured += 1
+        elif stale:
             self._ewma_sum += sample - load.ewma_s
             load.ewma_s = sample
             load.low_s = sample
@@ -746,18 +742,12 @@ class Scheduler:
             load.ewma_s = old + weight * (sample - old)
             low = lower(load.low_s, sample, weight)
             load.low_s = min(load.low_s, low) if startup else low
-            load.provisional = load.provisional and startup
             self._ewma_sum += load.ewma_s - old
-        if method.ewma_s is None:
-            method.ewma_s = sample
-            method.provisional = startup
-        elif method.provisional and not startup and sample < method.ewma_s:
-            method.ewma_s = sample
-            method.provisional = False
-        elif not startup or sample < method.ewma_s:
-            method.ewma_s = lower(method.ewma_s, sample, weight)
-            method.provisional = method.provisional and startup
-        if not startup:
+        if startup:
+            if method.ewma_s is not None and sample < method.ewma_s:
+                method.ewma_s = lower(method.ewma_s, sample, weight)
+        else:
+            method.ewma_s = sample if method.ewma_s is None else lower(method.ewma_s, sample, weight)
             if len(method.recent) < RECENT:
                 method.recent.append(sample)
             else:

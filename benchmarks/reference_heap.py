@@ -109,7 +109,6 @@ class Scheduler:
         self._ewma: list[float | None] = [None] * num_actors
         self._last_end = [-math.inf] * num_actors
         self._fresh = [True] * num_actors  # the next sample may include start-up
-        self._provisional = [False] * num_actors  # the estimate is one such sample
         self._ewma_sum = 0.0
         self._measured = 0
         self._queue: deque[int] = deque()
@@ -183,8 +182,8 @@ class Scheduler:
 
     def _record(self, actor: int, started_s: float, ended_s: float, ok: bool) -> None:
         """The native core's EWMA: the first sample moves the prior like any later one; the
-        first sample of an incarnation (start-up) may lower an estimate, never raise it, and
-        a provisional estimate is replaced by a lower next sample."""
+        first sample of an incarnation (start-up) may lower an estimate, never raise or make
+        one."""
         sample = ended_s - max(started_s, self._last_end[actor])
         self._last_end[actor] = max(self._last_end[actor], ended_s)
         if not ok or sample < 0:
@@ -192,20 +191,16 @@ class Scheduler:
         startup, self._fresh[actor] = self._fresh[actor], False
         old = self._ewma[actor]
         if old is None:
+            if startup:
+                return
             prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
             self._ewma[actor] = prior + self._alpha * (sample - prior)
             self._ewma_sum += self._ewma[actor] or 0.0
             self._measured += 1
-            self._provisional[actor] = startup
-        elif self._provisional[actor] and sample < old:
-            self._provisional[actor] = startup
-            self._ewma_sum += sample - old
-            self._ewma[actor] = sample
         elif not startup or sample < old:
             new = old + self._alpha * (sample - old)
             self._ewma[actor] = new
             self._ewma_sum += new - old
-            self._provisional[actor] = self._provisional[actor] and startup
 
     def _mean_ewma_or(self, fallback: float) -> float:
         return self._ewma_sum / self._measured if self._measured else fallback

@@ -31,7 +31,6 @@ struct ActorLoad {
   // The next completion is this incarnation's first: its call may have waited for the actor's
   // __init__, so its sample may include start-up (see LoadTable::record).
   bool fresh = true;
-  bool provisional = false;  // ewma_s holds one sample only, which may include start-up
   // It had not been sent a task for a long while (see LoadTable::add): its estimate is stale,
   // and its next sample replaces it.
   bool stale = false;
@@ -50,8 +49,8 @@ struct ActorLoad {
 
   bool alive() const { return status == Status::alive; }
   bool live() const { return status != Status::dead; }
-  // Measured beyond a first sample that may include start-up: its speed can be trusted.
-  bool known() const { return measured && !provisional; }
+  // Measured (start-up never counts): its speed can be trusted.
+  bool known() const { return measured; }
   // Its calls take about the same time each (spread below kSteady): what the one it runs has
   // left is predictable.
   bool steady() const;
@@ -62,7 +61,6 @@ struct ActorLoad {
 struct MethodLoad {
   bool alone = false;  // declared never to be batched
   bool measured = false;
-  bool provisional = false;  // ewma_s holds one sample only, which may include start-up
   double ewma_s = 0.0;  // service time per call, seconds, slow to rise (see `lower`)
   RecentTimes recent;   // the latest samples, for a percentile (the hedge delay)
 };
@@ -206,10 +204,11 @@ class LoadTable {
   //
   // Start-up: the first completion of an incarnation (`fresh`) may have waited for the actor's
   // __init__ (a call sent to an actor that is still starting). Such a sample may lower an
-  // estimate but never raise one; an estimate that has no other sample takes it provisionally,
-  // and the next sample replaces it if lower. So an estimate forgets start-up by its second
-  // sample, and a restart never inflates what was learnt before it. Start-up samples never
-  // enter the percentile window. A stale estimate (see `add`) is replaced by the next sample:
+  // estimate but never raise one, and never makes one: an actor (or method) whose only sample
+  // is a start-up stays unmeasured, and its next sample is its first. So start-up never enters
+  // an estimate, a restart never inflates what was learnt before it, and no estimate rests on
+  // one lucky sample (the first moves the prior). Start-up samples never enter the percentile
+  // window. A stale estimate (see `add`) is replaced by the next sample:
   // a straggler that was passed over for long may have recovered.
   void record(uint32_t actor, double started_s, double ended_s, bool ok, uint32_t calls = 1,
               uint32_t method = 0, bool timed = true) {
@@ -229,45 +228,8 @@ class LoadTable {
     a.fresh = false;
     if (!startup) a.stale = false;
     const double weight = calls == 1 ? alpha_ : 1.0 - std::pow(1.0 - alpha_, calls);
-    if (!a.measured) {
-      // The first sample moves the prior like any other: one lucky (or unlucky) call must not
-      // make an actor look many times faster than the rest, or `sed` queues calls behind it.
-      const double prior = prior_s_ > 0.0 ? prior_s_ : mean_ewma_or(sample);
-      a.measured = true;
-      a.provisional = startup;
-      a.ewma_s = prior + weight * (sample - prior);
-      a.low_s = sample;
-      ewma_sum_ += a.ewma_s;
-      ++measured_;
-    } else if ((a.provisional && sample < a.ewma_s) || stale) {
-      // The one sample so far may have included start-up and this one is lower, or the
-      // estimate is out of date: start from this sample.
-      a.provisional = startup;
-      ewma_sum_ += sample - a.ewma_s;
-      a.ewma_s = sample;
-      a.low_s = sample;
-    } else if (!startup || sample < a.ewma_s) {
-      const double old = a.ewma_s;
-      if (!startup) a.spread += weight * (std::abs(sample - old) / std::max(old, kMinTime) - a.spread);
-      a.ewma_s = old + weight * (sample - old);
-      const double low = lower(a.low_s, sample, weight);
-      a.low_s = startup ? std::min(a.low_s, low) : low;
-      a.provisional = a.provisional && startup;
-      ewma_sum_ += a.ewma_s - old;
-    }
-    MethodLoad& m = methods_[method];
-    if (!m.measured) {
-      m.ewma_s = sample;
-      m.measured = true;
-      m.provisional = startup;
-    } else if (m.provisional && !startup && sample < m.ewma_s) {
-      m.ewma_s = sample;
-      m.provisional = false;
-    } else if (!startup || sample < m.ewma_s) {
-      m.ewma_s = lower(m.ewma_s, sample, weight);
-      m.provisional = m.provisional && startup;
-    }
-    if (!startup) m.recent.add(sample);
+    learn_actor(a, sample, weight, startup, stale);
+    learn_method(methods_[method], sample, weight, startup);
   }
 
   // Mean EWMA over measured actors, or `fallback` when none is measured. The sum is kept
@@ -277,6 +239,43 @@ class LoadTable {
   }
 
  private:
+  // `record`'s sample for the actor's estimate.
+  void learn_actor(ActorLoad& a, double sample, double weight, bool startup, bool stale) {
+    if (!a.measured) {
+      if (startup) return;  // no estimate from start-up alone
+      // The first sample moves the prior like any other: one lucky (or unlucky) call must not
+      // make an actor look many times faster than the rest, or `sed` queues calls behind it.
+      const double prior = prior_s_ > 0.0 ? prior_s_ : mean_ewma_or(sample);
+      a.measured = true;
+      a.ewma_s = prior + weight * (sample - prior);
+      a.low_s = sample;
+      ewma_sum_ += a.ewma_s;
+      ++measured_;
+    } else if (stale) {  // the estimate is out of date: start from this sample
+      ewma_sum_ += sample - a.ewma_s;
+      a.ewma_s = sample;
+      a.low_s = sample;
+    } else if (!startup || sample < a.ewma_s) {
+      const double old = a.ewma_s;
+      if (!startup) a.spread += weight * (std::abs(sample - old) / std::max(old, kMinTime) - a.spread);
+      a.ewma_s = old + weight * (sample - old);
+      const double low = lower(a.low_s, sample, weight);
+      a.low_s = startup ? std::min(a.low_s, low) : low;
+      ewma_sum_ += a.ewma_s - old;
+    }
+  }
+
+  // `record`'s sample for the method's estimate and its window of recent samples.
+  static void learn_method(MethodLoad& m, double sample, double weight, bool startup) {
+    if (startup) {
+      if (m.measured && sample < m.ewma_s) m.ewma_s = lower(m.ewma_s, sample, weight);
+      return;
+    }
+    m.ewma_s = m.measured ? lower(m.ewma_s, sample, weight) : sample;
+    m.measured = true;
+    m.recent.add(sample);
+  }
+
   bool has_task_slot(const ActorLoad& a) const {
     if (tasks_.max_tasks == 0 || a.tasks == 0) return true;
     return a.tasks < tasks_.max_tasks &&

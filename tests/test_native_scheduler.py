@@ -236,6 +236,25 @@ def test_pull_hands_the_queue_head_to_the_first_free_actor() -> None:
     assert s.queued() == 0
 
 
+def started(s: Scheduler, *actors: int) -> Scheduler:
+    """`s` after each of `actors` (all by default) ended its first call: a start-up, which may
+    have waited for the actor's __init__, so it makes no estimate."""
+    for actor in actors or range(s.num_actors):
+        s.acquire(actor)
+        s.complete(actor, -1.0, -0.5, True)
+    return s
+
+
+def test_a_start_up_makes_no_estimate_and_the_next_sample_is_the_first() -> None:
+    s = Scheduler(2, "sed", ewma_alpha=0.2)
+    s.acquire(0)
+    s.complete(0, 0.0, 1.0, True)  # waited for __init__: 1 s
+    assert math.isnan(s.mean_latency_s()[0]) and math.isnan(s.method_latency_s(0))
+    s.acquire(0)
+    s.complete(0, 2.0, 2.005, True)
+    assert s.mean_latency_s()[0] == pytest.approx(0.005)
+
+
 def measure(s: Scheduler, actor: int, seconds: float, times: int = 1) -> None:
     """Completes `times` calls of `seconds` each on `actor`, back to back."""
     now = 0.0  # each actor's clock: a sample runs from the later of start and its last completion
@@ -257,19 +276,19 @@ def test_sed_avoids_an_actor_measured_slow() -> None:
 
 
 def test_sed_first_sample_moves_the_prior_not_replaces_it() -> None:
-    s = Scheduler(3, "sed", ewma_alpha=0.2)
+    s = started(Scheduler(3, "sed", ewma_alpha=0.2))
     measure(s, 0, 1.0)  # nobody measured yet: the sample itself
     measure(s, 1, 0.01)  # one lucky call: 1.0 + 0.2 x (0.01 - 1.0), not 0.01
     assert s.mean_latency_s()[:2] == pytest.approx([1.0, 0.802])
     # So actor 1 gets one call, not the next 99 (1 x 1.0 for actor 0 against 2 x 0.802).
     assert [dispatch(s) for _ in range(3)] == [1, 2, 0]
-    with_prior = Scheduler(2, "sed", prior_s=0.5)
+    with_prior = started(Scheduler(2, "sed", prior_s=0.5))
     measure(with_prior, 0, 2.0)
     assert with_prior.mean_latency_s()[0] == pytest.approx(0.5 + 0.2 * (2.0 - 0.5))
 
 
 def test_sed_uses_the_prior_for_unmeasured_actors() -> None:
-    s = Scheduler(2, "sed", prior_s=0.5)
+    s = started(Scheduler(2, "sed", prior_s=0.5), 0)
     s.acquire(0)
     s.complete(0, 0.0, 1.0, True)  # actor 0: 1 s; actor 1 unmeasured: 0.5 s
     assert dispatch(s) == 1
@@ -277,7 +296,7 @@ def test_sed_uses_the_prior_for_unmeasured_actors() -> None:
 
 
 def test_sed_prior_defaults_to_the_mean_of_measured_actors() -> None:
-    s = Scheduler(3, "sed")
+    s = started(Scheduler(3, "sed"), 0, 1)
     measure(s, 0, 1.0)  # 1.0
     measure(s, 1, 6.0)  # 1.0 + 0.2 x (6.0 - 1.0) = 2.0
     # Actor 2 is assumed to take the mean, 1.5 s. Delays: 1, 2, 1.5 -> actor 0; then 2, 2, 1.5 ->
@@ -298,7 +317,7 @@ def test_every_policy_honours_max_in_flight_and_queues_the_rest() -> None:
 
 
 def test_mean_latency_is_nan_until_measured_then_a_moving_average() -> None:
-    s = Scheduler(2, ewma_alpha=0.5)
+    s = started(Scheduler(2, ewma_alpha=0.5), 0)
     s.acquire(0)
     s.complete(0, 10.0, 12.0, True)
     s.acquire(0)
@@ -1101,8 +1120,8 @@ def busy_with_queue(queued: int, **settings: Any) -> Scheduler:
 
 
 def test_adaptive_holds_one_task_per_actor_until_its_calls_are_measured_short() -> None:
-    s = Scheduler(2, "adaptive", max_tasks=2, pipeline_s=0.002)
-    assert [dispatch(s), dispatch(s)] == [0, 1]
+    s = started(Scheduler(2, "adaptive", max_tasks=2, pipeline_s=0.002))
+    assert sorted([dispatch(s), dispatch(s)]) == [0, 1]
     assert s.submit(0).actor == -1  # unmeasured: no second task behind a running one
     [drained] = s.complete(0, 0.0, 0.0005, True)  # short: a second task may wait behind one
     assert drained.actor == 0
@@ -1159,7 +1178,10 @@ def test_a_batch_is_bounded_by_the_budget_of_expected_service_time() -> None:
 
 
 def test_calls_slower_than_the_budget_go_alone() -> None:
-    s = busy_with_queue(3, coalesce=64, batch_budget_s=0.002)
+    s = started(Scheduler(1, "adaptive", max_tasks=1, coalesce=64, batch_budget_s=0.002))
+    dispatch(s)
+    for _ in range(3):
+        s.submit(0)
     assert [len(d.tickets) for d in s.complete(0, 0.0, 0.02, True)] == [1]
 
 
@@ -1288,7 +1310,7 @@ def test_an_unknown_method_is_an_index_error() -> None:
 
 
 def test_snapshot_gives_every_actors_load_at_once() -> None:
-    s = Scheduler(2, "adaptive", eject_after=1)
+    s = started(Scheduler(2, "adaptive", eject_after=1), 1)
     s.acquire(0)
     s.complete(0, 0.0, 0.25, False)
     s.acquire(1)
