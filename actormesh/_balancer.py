@@ -96,7 +96,7 @@ class Policy:
     max_tasks: int | None = None
     pipeline_s: float = 0.002
     batch_budget_s: float = 0.002
-    hold_ratio: float = 3.0
+    hold_ratio: float = 5.0
     seed: int | None = None
     ewma_alpha: float = 0.2
     prior_s: float | None = None

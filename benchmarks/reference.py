@@ -463,7 +463,7 @@ class Scheduler:
 
     def _holds(self, g: Group, actor: int, waiting: int) -> bool:
         """Whether a call is held back from the straggler `actor` (see the native core's
-        Scheduler::holds): its time (its mean service time, halved for every
+        Scheduler::holds): its time (its service time slow to rise, `low_s`, halved for every
         STALE_TASKS_PER_ACTOR tasks per actor sent since its last) is over hold_ratio times the
         harmonic mean of the other rated members, and they are expected to take and finish the
         call sooner, wait = (waiting + others) / rate < its time; at most PATIENCE * wait, or
@@ -480,7 +480,7 @@ class Scheduler:
             return False
         assert load.ewma_s is not None
         passed_over = (self._tasks_sent - load.last_task) / self._stale_after()
-        time = max(load.ewma_s * math.pow(2.0, -passed_over), MIN_TIME)
+        time = max(load.low_s * math.pow(2.0, -passed_over), MIN_TIME)
         wait = (waiting + others) / rate
         if not time > self._hold_ratio * others / rate or not time > wait:
             return False
@@ -696,7 +696,7 @@ class Scheduler:
         if not (load.alive and load.known):
             return 0, 0.0
         assert load.ewma_s is not None
-        return 1, 1.0 / max(load.ewma_s, MIN_TIME)
+        return 1, 1.0 / max(load.low_s, MIN_TIME)
 
     def _rerate(self, actor: int, before: tuple[int, float]) -> None:
         """Carries a change of the actor's rating into its groups' sums, as the native core."""

@@ -1372,6 +1372,15 @@ def test_a_hold_ends_if_no_faster_actor_frees_in_a_few_times_the_expected_wait()
     assert decision.actor == 2 and s.hold_deadline_s() == math.inf
 
 
+def test_one_long_call_of_a_heavy_tail_does_not_make_an_actor_a_straggler() -> None:
+    s = rated(Scheduler(3, "adaptive", max_tasks=1, hold_ratio=3.0),
+              {0: 0.01, 1: 0.01, 2: 0.01})
+    s.acquire(2)
+    s.complete(2, 10.0, 10.3, True)  # 30x its usual time, once
+    assert sorted([dispatch(s), dispatch(s)]) == [0, 1]
+    assert dispatch(s) == 2  # free, and not held back for the others
+
+
 def test_nothing_is_held_back_from_an_actor_of_the_others_speed() -> None:
     s = rated(Scheduler(3, "adaptive", max_tasks=1, hold_ratio=3.0),
               {0: 0.01, 1: 0.01, 2: 0.02})
