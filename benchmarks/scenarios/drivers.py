@@ -45,7 +45,7 @@ DRIVERS = 4
 SERVICE_S = 0.020
 LOAD = 0.8
 WARMUP_S = 0.3
-DRAIN_S = 2.0
+DRAIN_S = 0.5
 TIMEOUT_S = 120.0
 MESH_NAME = "actormesh-bench-drivers"
 
