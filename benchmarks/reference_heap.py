@@ -10,7 +10,8 @@ module, and keeps the scan only as an extra line.
 It covers what that benchmark drives: one group (all actors), `submit` and `complete`, a FIFO
 queue when every actor is full, the same EWMA and prior as the native core, and the same ties
 (fewest in flight, then lowest rank; for sed the least expected delay, then fewer in flight,
-then lowest rank). For those it makes the native core's decisions, call for call.
+then lowest rank), and the same staleness (an actor not sent a task while the mesh was sent 50
+per actor has its estimate replaced by its next sample). For those it makes the native core's decisions, call for call.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import math
 from collections import deque
 from typing import Generic, TypeVar
 
-from .reference import Decision
+from .reference import STALE_TASKS_PER_ACTOR, Decision
 
 K = TypeVar("K")
 POLICIES = ("least_loaded", "pull", "sed")
@@ -109,6 +110,9 @@ class Scheduler:
         self._ewma: list[float | None] = [None] * num_actors
         self._last_end = [-math.inf] * num_actors
         self._fresh = [True] * num_actors  # the next sample may include start-up
+        self._stale = [False] * num_actors  # the next sample replaces the estimate
+        self._last_task = [0] * num_actors  # when each was last sent a task, in tasks sent
+        self._tasks_sent = 0
         self._ewma_sum = 0.0
         self._measured = 0
         self._queue: deque[int] = deque()
@@ -163,6 +167,11 @@ class Scheduler:
 
     def _add(self, actor: int, delta: int) -> None:
         self._in_flight[actor] += delta
+        if delta > 0:  # a task sent (this twin sends one call per task)
+            if self._tasks_sent - self._last_task[actor] >= STALE_TASKS_PER_ACTOR * self.num_actors:
+                self._stale[actor] = True
+            self._tasks_sent += 1
+            self._last_task[actor] = self._tasks_sent
         self._update(actor)
 
     def _update(self, actor: int) -> None:
@@ -189,6 +198,9 @@ class Scheduler:
         if not ok or sample < 0:
             return
         startup, self._fresh[actor] = self._fresh[actor], False
+        stale = self._stale[actor] and not startup
+        if not startup:
+            self._stale[actor] = False
         old = self._ewma[actor]
         if old is None:
             if startup:
@@ -197,6 +209,9 @@ class Scheduler:
             self._ewma[actor] = prior + self._alpha * (sample - prior)
             self._ewma_sum += self._ewma[actor] or 0.0
             self._measured += 1
+        elif stale:
+            self._ewma[actor] = sample
+            self._ewma_sum += sample - old
         elif not startup or sample < old:
             new = old + self._alpha * (sample - old)
             self._ewma[actor] = new
