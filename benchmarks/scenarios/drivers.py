@@ -13,9 +13,8 @@ Contenders:
 - `4 drivers, random.choice`: each picks an actor at random, raw `.remote()`;
 - `4 drivers, a mesh each`: each wraps the actors in a mesh of its own (`ActorMesh.from_actors`,
   the default policy), which sees only its own calls: what several drivers can do today;
-- `4 drivers, connect` once `CONNECT` is on: each joins the mesh by name
-  (`am.ActorMesh.connect`, DESIGN.md "Several drivers").
-The headline contender (connect once on, else a mesh each) runs twice: the A/A control.
+- `4 drivers, connect`: each joins the mesh by name (`am.ActorMesh.connect`, DESIGN.md
+  "Several drivers"), the headline contender, which runs twice: the A/A control.
 """
 
 from __future__ import annotations
@@ -35,11 +34,6 @@ from benchmarks.harness.context import Context
 from benchmarks.harness.workloads import BenchWorker, DriverProcess, poisson_arrivals
 from benchmarks.report import provenance
 
-# `am.ActorMesh.connect` (issue 24). True once it is merged: four drivers that join the mesh by
-# name become the headline contender (with their twin as the A/A control), and `make bench`
-# runs the scenario.
-CONNECT = True
-
 ACTORS = 8
 DRIVERS = 4
 SERVICE_S = 0.020
@@ -51,10 +45,6 @@ MESH_NAME = "actormesh-bench-drivers"
 
 ONE, RANDOM, OWN = "one driver", f"{DRIVERS} drivers, random.choice", f"{DRIVERS} drivers, a mesh each"
 CONNECTED = f"{DRIVERS} drivers, connect"
-
-
-def headline_contender() -> str:
-    return CONNECTED if CONNECT else OWN
 
 
 @dataclasses.dataclass
@@ -85,9 +75,7 @@ class Scenario:
     title: str = f"{DRIVERS} drivers sharing one mesh"
     needs_fleet = False
 
-    @property
-    def pending(self) -> str:
-        return "" if CONNECT else "needs am.ActorMesh.connect (issue 24): set drivers.CONNECT"
+    pending = ""  # runs in every mode
 
     def describe(self, cfg: Config) -> str:
         return (f"Poisson calls of {SERVICE_S * 1e3:g} ms at {LOAD:.0%} of the capacity of "
@@ -100,10 +88,9 @@ class Scenario:
         drivers = ctx.shared("drivers", Drivers.start)
         contenders = make_trials(drivers, cfg)
         runs, samples = trials.play(contenders, cfg.drivers_repeats, self.name, ctx.progress)
-        head = headline_contender()
         return section.build(
             name=self.name, title=self.title, kind="calls", description=self.describe(cfg),
-            entrants=[t.entrant for t in contenders], default=head, twin=twin(head),
+            entrants=[t.entrant for t in contenders], default=CONNECTED, twin=twin(CONNECTED),
             runs=runs, samples=samples, judged_on=("p99_ms", "peak_over_mean"),
             rows=[section.Row("p99_ms", baseline=ONE), section.Row("p99_ms", baseline=RANDOM),
                   section.Row("peak_over_mean", baseline=RANDOM)],
@@ -141,9 +128,7 @@ def make_trials(drivers: Drivers, cfg: Config) -> list[trials.Trial]:
             return turn_
         return one
 
-    head = headline_contender()
-    again = {OWN: "mesh-again", CONNECTED: "connect-again"}
-    out = [
+    return [
         trials.Trial(section.Entrant(ONE, "one driver process, one mesh (the default policy)",
                                      "baseline", ONE), turn("mesh", 1)),
         trials.Trial(section.Entrant(RANDOM, "each driver: random.choice + raw .remote()",
@@ -151,14 +136,11 @@ def make_trials(drivers: Drivers, cfg: Config) -> list[trials.Trial]:
         trials.Trial(section.Entrant(OWN, "each driver: ActorMesh.from_actors over the named "
                                           "actors, its own load view", "actormesh", OWN),
                      turn("mesh", DRIVERS)),
+        trials.Trial(section.Entrant(CONNECTED, "each driver: am.ActorMesh.connect(name)",
+                                     "actormesh", CONNECTED), turn("connect", DRIVERS)),
+        trials.Trial(section.Entrant(twin(CONNECTED), f"{CONNECTED}, again: the A/A control",
+                                     "aa", twin(CONNECTED)), turn("connect-again", DRIVERS)),
     ]
-    if CONNECT:
-        out.append(trials.Trial(section.Entrant(CONNECTED, "each driver: am.ActorMesh.connect"
-                                                           "(name)", "actormesh", CONNECTED),
-                                turn("connect", DRIVERS)))
-    out.append(trials.Trial(section.Entrant(twin(head), f"{head}, again: the A/A control", "aa",
-                                            twin(head)), turn(again[head], DRIVERS)))
-    return out
 
 
 def measured(turn: trials.Turn, parts: list[dict[str, Any]], mine: list[np.ndarray],

@@ -9,9 +9,8 @@ Measured per turn: the makespan (first send to last result), the makespan ÷ the
 the actors (a hedge that ran is a second execution; one cancelled before it started is not).
 
 Contenders: `ray.util.ActorPool.map_unordered` (its strongest form), the default policy with
-every call sent through `choose` and read, and, once `HEDGE` is on, the same with
-`.options(hedge=True)`. The headline contender (hedged once on, else the default) runs twice:
-the A/A control.
+every call sent through `choose` and read, and the same with `.options(hedge=True)`, the
+headline contender, which runs twice: the A/A control.
 """
 
 from __future__ import annotations
@@ -32,19 +31,10 @@ from benchmarks.harness.contenders import RayRoundRobin, twin_name
 from benchmarks.harness.context import Context
 from benchmarks.harness.metrics import batch_lower_bound
 
-# `.options(hedge=True)` (issue 22). True once it is merged: the hedged contender joins, it
-# becomes the headline contender (with its twin as the A/A control), and `make bench` runs the
-# scenario.
-HEDGE = True
-
 SERVICE_S = 0.020
 SLOWDOWN = 10.0
 TIMEOUT_S = 120.0
 POOL, PLAIN, HEDGED = "ray.util.ActorPool", "default, no hedge", "default, hedge=True"
-
-
-def headline_contender() -> str:
-    return HEDGED if HEDGE else PLAIN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +43,7 @@ class Scenario:
     title: str = f"Batch with one actor {SLOWDOWN:g}× slower, hedged"
     needs_fleet = True
 
-    @property
-    def pending(self) -> str:
-        return "" if HEDGE else "needs .options(hedge=True) (issue 22): set hedged.HEDGE"
+    pending = ""  # runs in every mode
 
     def describe(self, cfg: Config) -> str:
         return (f"{cfg.hedge_calls} calls of {SERVICE_S * 1e3:g} ms sent at once over "
@@ -74,11 +62,10 @@ class Scenario:
             runs, samples = trials.play(contenders, cfg.hedge_repeats, self.name, ctx.progress)
         finally:
             fleet.set_slowdowns([1.0] * cfg.actors)
-        default = headline_contender()
         return section.build(
             name=self.name, title=self.title, kind="calls", description=self.describe(cfg),
-            entrants=[t.entrant for t in contenders], default=default,
-            twin=twin_name(default), runs=runs, samples=samples,
+            entrants=[t.entrant for t in contenders], default=HEDGED,
+            twin=twin_name(HEDGED), runs=runs, samples=samples,
             judged_on=("makespan_s", "executions_per_call"),
             rows=[section.Row("makespan_s", also=("makespan_over_bound",
                                                   "executions_per_call"))],
@@ -120,22 +107,18 @@ def make_trials(fleet: Fleet, calls: int, bound: float) -> list[trials.Trial]:
 
     default = fleet.meshes[fleet.default]
     twin = fleet.meshes[twin_name(fleet.default)]
-    head = headline_contender()
-    out = [
+    return [
         trials.Trial(section.Entrant(POOL, "ray.util.ActorPool.map_unordered over the same "
                                            "actors", "baseline", POOL), turn(POOL, pool)),
         trials.Trial(section.Entrant(PLAIN, f"actormesh {fleet.default}: every call through "
                                             "choose", "actormesh", PLAIN),
                      turn(PLAIN, choose(default, hedge=False))),
+        trials.Trial(section.Entrant(HEDGED, f"actormesh {fleet.default}, .options(hedge=True)",
+                                     "actormesh", HEDGED), turn(HEDGED, choose(default, hedge=True))),
+        trials.Trial(section.Entrant(twin_name(HEDGED), f"{HEDGED} on a second mesh: the A/A "
+                                     "control", "aa", twin_name(HEDGED)),
+                     turn(twin_name(HEDGED), choose(twin, hedge=True))),
     ]
-    if HEDGE:
-        out.append(trials.Trial(
-            section.Entrant(HEDGED, f"actormesh {fleet.default}, .options(hedge=True)",
-                            "actormesh", HEDGED), turn(HEDGED, choose(default, hedge=True))))
-    out.append(trials.Trial(
-        section.Entrant(twin_name(head), f"{head} on a second mesh: the A/A control", "aa",
-                        twin_name(head)), turn(twin_name(head), choose(twin, hedge=HEDGE))))
-    return out
 
 
 def executions(actors: list[Any]) -> int:
