@@ -65,8 +65,8 @@ class Call:
 
     __slots__ = ("router", "method", "method_id", "alone", "fn", "args", "kwargs", "target", "key",
                  "affinity", "retries", "hedge", "twin", "copy", "future", "actor", "epoch",
-                 "ticket", "ref", "out", "started", "outcome", "finished", "batch", "index",
-                 "deadline", "_point", "__weakref__")
+                 "ticket", "ref", "out", "started", "outcome", "finished", "deferred", "batch",
+                 "index", "deadline", "_point", "__weakref__")
 
     def __init__(self, router: Router, method: str, args: tuple[Any, ...],
                  kwargs: dict[str, Any], *, point: Point | None = None,
@@ -98,6 +98,8 @@ class Call:
         self.started = 0.0
         self.outcome = _ray.OK  # how it ended (`_ray.outcome`), once it has
         self.finished = False  # its latest send has been seen to end (see `_finishes`)
+        # Lost while its hedge copy ran: the copy's end settles the call (see `Router._end`).
+        self.deferred = False
         self.batch: Batch | None = None  # the batch it rode, if it did; `index` its place there
         self.index = 0
         self.deadline: float | None = None  # `time.monotonic()` when its own timeout fails it
@@ -345,11 +347,16 @@ class Router:
             ref._on_ready(call.ended)
         except Exception as err:  # e.g. an argument that cannot be serialised
             self._give_back(actor)
-            if call.copy:  # the first copy runs on: its own outcome is the call's
-                call.finished = True
-                log.warning("actormesh: a hedge copy of %s could not be sent: %s", call.method, err)
-            else:
+            if not call.copy:
                 call.fail(err)
+                return
+            log.warning("actormesh: a hedge copy of %s could not be sent: %s", call.method, err)
+            with _finishing:
+                call.finished = True
+                first = call.twin
+                orphaned = first is not None and first.deferred
+            if orphaned and first is not None and not self._retried(first):
+                first.fail(err)  # the first copy was lost meanwhile and left the call to this one
             return
         if call.future.done():  # cancelled (or, a copy, won) while being sent: `ref` was unseen
             self.cancel_sent(call)
@@ -370,7 +377,7 @@ class Router:
         call.twin = copy
         if not call.retries:
             call.args, call.kwargs = (), _NO_KWARGS
-        self._send(actor, copy, fresh=True)
+        self._send(actor, copy)  # not sent, its slot given back, if the call ended meanwhile
 
     def _send_batch(self, actor: int, calls: list[Call]) -> None:
         """Send queued calls the scheduler gave `actor` together as one Ray task. Those cancelled
@@ -435,6 +442,8 @@ class Router:
         except _native.PickerError as err:
             drained = self._picker_failed(err)
         self._send_decisions(drained)
+        if self._holds:  # a drain may begin a hold (an actor back from a restart, say)
+            self._watch_holds()
 
     def _hand_on(self, drained: list[_native.Decision], actor: int) -> None:
         """After a slot was freed: the queued calls it went to are sent from the loop thread, as
@@ -526,8 +535,11 @@ class Router:
                                                   call.method_id, timed)
             self._hand_on(drained, call.actor)
             twin = call.twin
-            if twin is not None and lost and not twin.finished:
-                return  # a copy lost to its actor's death: the other copy still runs
+            if twin is not None and lost:
+                with _finishing:  # against the other copy's end, or its failure to be sent
+                    call.deferred = not twin.finished
+                if call.deferred:
+                    return  # a copy lost to its actor's death: the other copy still runs
             if lost and self._retried(twin if call.copy and twin is not None else call):
                 return
             if error is not None:

@@ -24,10 +24,12 @@ everything, while replies leave it where drivers that see only their own calls a
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures as cf
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any
@@ -80,6 +82,28 @@ class LoadRegistry:
 
 _Registry = ray.remote(num_cpus=0)(LoadRegistry)
 
+# The tables this process's meshes created and has not removed yet: removed at exit too, when a
+# creator ends without `shutdown()` (the file would outlive every driver in /dev/shm).
+_own_tables: set[str] = set()
+_own_tables_lock = threading.Lock()
+
+
+def _remove_table(path: str) -> None:
+    with _own_tables_lock:
+        _own_tables.discard(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+@atexit.register
+def _remove_own_tables() -> None:
+    with _own_tables_lock:
+        paths = list(_own_tables)
+    for path in paths:
+        _remove_table(path)
+
 
 class Shared:
     """This driver's part in sharing a mesh's load: its row in its host's table, and its
@@ -102,7 +126,14 @@ class Shared:
                         "(%s); it is shared through the mesh's registry only", label, err)
             scheduler.share_load(None)
         if creator:
-            self._handle = _Registry.options(name=registry).remote()
+            with _own_tables_lock:
+                _own_tables.add(table_path(token))
+            try:
+                self._handle = _Registry.options(name=registry).remote()
+            except BaseException:
+                scheduler.unshare_load()
+                _remove_table(table_path(token))
+                raise
         self._task: cf.Future[None] = _loop.submit(self._exchange())
 
     async def _exchange(self) -> None:
@@ -137,9 +168,6 @@ class Shared:
             return
         if self._creator:
             ray.kill(handle, no_restart=True)
-            try:
-                os.unlink(table_path(self._token))
-            except FileNotFoundError:
-                pass
+            _remove_table(table_path(self._token))
         else:
             handle.leave.remote(self._driver)

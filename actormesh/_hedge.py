@@ -28,7 +28,7 @@ could not be cancelled.
 
 The delay is the `hedge=` number, or learnt: the 95th percentile of the method's latest service
 times on this mesh (`Scheduler.method_quantile_s`, start-up left out); until 8 are known the call
-looks again every few milliseconds. The budget is a token bucket per mesh: each hedge-enabled
+looks again after 5 ms, then at doubling intervals up to 1 s. The budget is a token bucket per mesh: each hedge-enabled
 call earns BUDGET of a token, at most BURST are kept, and a copy spends one; a call that finds
 the bucket empty is not hedged.
 """
@@ -55,6 +55,7 @@ BURST = 5.0
 """Copies the budget holds at most (and holds at first): a burst of late calls is hedged at once."""
 _PROBE_S = 0.005  # while no delay is learnt, a call looks again after this long (doubling)
 _PROBE_MAX_S = 1.0
+_PRUNE_MIN = 64
 
 
 def check(hedge: object) -> float | None:
@@ -108,6 +109,7 @@ class Hedges:
         # for a copy, oldest first; each leaves when it is hedged, found not late, or ends.
         # Written on the loop thread, read anywhere.
         self._due: dict[Call, None] = {}
+        self._prune_at = _PRUNE_MIN  # the size of `_due` at which ended calls are dropped
         self._retry_posted = False
 
     def arm(self, call: Call) -> None:
@@ -152,7 +154,18 @@ class Hedges:
             _loop.call_later(probe_s, self._late, ref, probe_s)
             return
         self._due[call] = None  # before trying: a slot that frees from now on tries it again
+        if len(self._due) > self._prune_at:
+            self._prune()
         self._try(call)
+
+    def _prune(self) -> None:
+        """Drop the calls that ended while due (while calls wait for slots, no copy is tried and
+        the due calls are not visited): an ended call's arguments go with it."""
+        for call in [c for c in self._due if not _running(c)]:
+            del self._due[call]
+            if call.future.done():  # over: no retry, and no copy will be sent
+                call.args, call.kwargs = (), {}
+        self._prune_at = max(_PRUNE_MIN, 2 * len(self._due))
 
     def _retry(self) -> None:
         self._retry_posted = False

@@ -160,8 +160,6 @@ class ActorMesh(Selectable, Generic[T]):
                 ray.kill(handle, no_restart=True)
             if placed is not None:
                 placed.release()
-            if shared is not None:
-                shared.leave()
             if publication is not None:
                 publication.withdraw()
             raise
@@ -268,8 +266,9 @@ class ActorMesh(Selectable, Generic[T]):
         shared = _drivers.Shared(scheduler, record.table, _named.registry_name(name), name,
                                  creator=False)
         mesh: ActorMesh[Any] = object.__new__(ActorMesh)
-        router = _router(handles, full, scheduler, restart_timeout_s, _batch.send_to_mesh_actor)
         try:
+            router = _router(handles, full, scheduler, restart_timeout_s,
+                             _batch.send_to_mesh_actor)
             mesh._assemble(_Root(None, record.class_name, frozenset(), full, router, name, RUN,
                                  record), handles, None, None, owned=False, shared=shared)
         except BaseException:

@@ -47,7 +47,7 @@ class Config:
     # -- prepared scenarios (benchmarks/scenarios/hedged.py, drivers.py) -----------------------
     hedge_calls: int = 160
     hedge_repeats: int = 8
-    drivers_measure_s: float = 3.0
+    drivers_measure_s: float = 2.0
     drivers_repeats: int = 5
     # -- without Ray (benchmarks/without_ray/) ---------------------------------------------
     sim_actors: int = 4096
@@ -55,7 +55,7 @@ class Config:
     sim_ref_actors: int = 64
     sim_ref_calls: int = 20_000
     dc_sizes: tuple[int, ...] = (16, 256, 4096)
-    dc_decisions: int = 100_000
+    dc_decisions: int = 50_000
     dc_budget_s: float = 0.1
     # The simulation against queueing theory: loads, and per policy the simulated actors and
     # the measured span in mean service times (after the warm-up).

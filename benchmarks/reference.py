@@ -349,8 +349,12 @@ class Scheduler:
             if not g.holding or g.hold_until > self._clock:
                 continue
             actor = next((a for a in g.members if self._eligible(a)), None)
-            if actor is not None:  # else the held call waits for the next slot to free
+            if actor is not None:
                 out += self._drain(actor)
+            # With no member eligible (the straggler too was taken meanwhile) the hold is over
+            # all the same: the held call waits for the next slot to free, no timer is due.
+            if g.holding and g.hold_until <= self._clock:
+                g.holding = False
         self._earliest_hold = min((g.hold_until for g in self._groups if g.holding),
                                   default=math.inf)
         return out

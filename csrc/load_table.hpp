@@ -188,8 +188,6 @@ class LoadTable {
   }
   uint32_t num_methods() const { return static_cast<uint32_t>(methods_.size()); }
   const MethodLoad& method(uint32_t id) const { return methods_[id]; }
-  // Tasks sent to the mesh so far: the clock `ActorLoad::last_task` is read on.
-  uint64_t tasks_sent() const { return tasks_sent_; }
 
   // Records that a task of `calls` calls ran from started_s to ended_s (a lone call is a task of
   // one). The service-time sample starts at the later of its start and the actor's previous

@@ -459,6 +459,7 @@ int32_t Scheduler::hedge(int64_t group, int64_t first, bool idle) {
   const uint32_t id = check_group(group);
   const uint32_t running = check_actor(first);
   if (!groups_[id].queue.empty()) return -1;
+  learn_others();  // an actor that looks idle may be busy with other drivers' calls
   const std::optional<uint32_t> target = free_member(id, running, idle);
   if (!target) return -1;
   const ActorLoad& to = loads_[*target];
@@ -478,9 +479,9 @@ Drain Scheduler::expire_holds(double now_s) {
   see_time(now_s);
   Drain out;
   for (uint32_t id = 0; id < groups_.size(); ++id) {
-    const Group& g = groups_[id];
+    Group& g = groups_[id];
     if (!g.holding || g.hold_until > clock_) continue;
-    // The held call's actor is eligible; a drain through any eligible member reaches the group.
+    // A drain through any eligible member reaches the group.
     for (const uint32_t actor : g.members) {
       if (!loads_.eligible(actor)) continue;
       Drain more = drain_locked(actor);
@@ -489,6 +490,9 @@ Drain Scheduler::expire_holds(double now_s) {
       if (!out.error) out.error = more.error;
       break;
     }
+    // With no member eligible (the straggler too was taken meanwhile) the hold is over all the
+    // same: the held call waits for the next slot to free, and no timer is due for it.
+    if (g.holding && g.hold_until <= clock_) g.holding = false;
   }
   earliest_hold_ = std::numeric_limits<double>::infinity();
   for (const Group& g : groups_) {

@@ -104,11 +104,8 @@ class SharedLoad {
   SharedLoad(const SharedLoad&) = delete;
   SharedLoad& operator=(const SharedLoad&) = delete;
 
-  bool has_table() const { return base_ != nullptr; }
   // Tells the drivers that share this table (one host) from the drivers that do not.
   uint64_t table_id() const { return table_id_; }
-  // This driver's row in the table, -1 without one.
-  int32_t row() const { return row_; }
 
   // This driver now has `calls` calls in flight on `actor`.
   void publish(uint32_t actor, uint32_t calls) {

@@ -1372,6 +1372,16 @@ def test_a_hold_ends_if_no_faster_actor_frees_in_a_few_times_the_expected_wait()
     assert decision.actor == 2 and s.hold_deadline_s() == math.inf
 
 
+def test_a_hold_over_after_the_straggler_was_taken_leaves_no_timer_due() -> None:
+    s = straggler_mesh()
+    s.submit(0, now_s=100.0)
+    s.acquire(2)  # the straggler is taken meanwhile (an `all`, another view): nobody is free
+    assert s.expire_holds(s.hold_deadline_s()) == []
+    assert s.hold_deadline_s() == math.inf  # no deadline in the past for a timer to spin on
+    [decision] = s.complete(0, 100.0, 100.01, True)  # the call goes with the next free slot
+    assert decision.actor == 0
+
+
 def test_one_long_call_of_a_heavy_tail_does_not_make_an_actor_a_straggler() -> None:
     s = rated(Scheduler(3, "adaptive", max_tasks=1, hold_ratio=3.0),
               {0: 0.01, 1: 0.01, 2: 0.01})

@@ -94,7 +94,7 @@ class Workload:
         return plan
 
 
-QUICK = Workload(sessions=48)
+QUICK = Workload(sessions=40)
 FULL = Workload(sessions=240)
 
 Send = Callable[[list[int], int, int], Awaitable[list[int]]]
