@@ -21,9 +21,9 @@ class Config:
     # every n-th (in turns, so each repeat holds some); 1: every contender every repeat.
     others_every: int = 2
     warmup_s: float = 0.1  # calls planned before this are sent but not measured
-    measure_s: float = 0.45
+    measure_s: float = 0.40
     mean_s: float = 0.010  # mean service time of the latency scenarios
-    drain_s: float = 0.6  # wait after the last send; calls still out count at it (lower bounds)
+    drain_s: float = 0.5  # wait after the last send; calls still out count at it (lower bounds)
     batch_drain_s: float = 20.0  # the same for batches and tiny calls, which must all finish
     batch_calls: int = 96
     batch_mean_s: float = 0.010
@@ -48,7 +48,7 @@ class Config:
     hedge_calls: int = 160
     hedge_repeats: int = 8
     drivers_measure_s: float = 2.0
-    drivers_repeats: int = 5
+    drivers_repeats: int = 4
     # -- without Ray (benchmarks/without_ray/) ---------------------------------------------
     sim_actors: int = 4096
     sim_calls: int = 100_000
