@@ -103,7 +103,6 @@ class ActorLoad:
     alive: bool = True
     ewma_s: float | None = None  # None until the first sample
     low_s: float = 0.0  # slow to rise: for the pipeline rule and the speed class
-    log_s: float = 0.0  # moving average of log(service time): a typical call's, for holds
     spread: float = 1.0  # moving average of |sample - ewma_s| / ewma_s
     last_end_s: float = -math.inf
     fresh: bool = True  # the next sample is the incarnation's first: it may include start-up
@@ -154,7 +153,7 @@ RECENT = 64  # samples a method keeps for its percentile
 ENOUGH = 8  # fewer samples tell no percentile
 MIN_TIME = 1e-9
 STEADY = 0.25  # an actor whose spread is below this takes a second task behind its first
-STALE_TASKS_PER_ACTOR = 50.0  # an actor not sent a task for this many per actor is stale
+STALE_TASKS_PER_ACTOR = 200.0  # an actor not sent a task for this many per actor is stale
 PATIENCE = 4.0  # a hold lasts at most this many times the expected wait
 HEDGE_SLOWER = 2.0  # a hedge never goes to an actor over this many times slower
 UNKNOWN_CLASS = -(2**31)
@@ -468,7 +467,7 @@ class Scheduler:
 
     def _holds(self, g: Group, actor: int, waiting: int) -> bool:
         """Whether a call is held back from the straggler `actor` (see the native core's
-        Scheduler::holds): its time (its typical service time, exp(`log_s`), halved for every
+        Scheduler::holds): its time (its service time slow to rise, `low_s`, halved for every
         STALE_TASKS_PER_ACTOR tasks per actor sent since its last) is over hold_ratio times the
         harmonic mean of the other rated members, and they are expected to take and finish the
         call sooner, wait = (waiting + others) / rate < its time; at most PATIENCE * wait, or
@@ -485,7 +484,7 @@ class Scheduler:
             return False
         assert load.ewma_s is not None
         passed_over = (self._tasks_sent - load.last_task) / self._stale_after()
-        time = max(math.exp(load.log_s) * math.pow(2.0, -passed_over), MIN_TIME)
+        time = max(load.low_s * math.pow(2.0, -passed_over), MIN_TIME)
         wait = (waiting + others) / rate
         if not time > self._hold_ratio * others / rate or not time > wait:
             return False
@@ -701,7 +700,7 @@ class Scheduler:
         if not (load.alive and load.known):
             return 0, 0.0
         assert load.ewma_s is not None
-        return 1, math.exp(-load.log_s)
+        return 1, 1.0 / max(load.low_s, MIN_TIME)
 
     def _rerate(self, actor: int, before: tuple[int, float]) -> None:
         """Carries a change of the actor's rating into its groups' sums, as the native core."""
@@ -734,14 +733,12 @@ class Scheduler:
                 prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
                 load.ewma_s = prior + weight * (sample - prior)
                 load.low_s = sample
-                load.log_s = math.log(max(sample, MIN_TIME))
                 self._ewma_sum += load.ewma_s
                 self._measured += 1
         elif stale:
             self._ewma_sum += sample - load.ewma_s
             load.ewma_s = sample
             load.low_s = sample
-            load.log_s = math.log(max(sample, MIN_TIME))
         elif not startup or sample < load.ewma_s:
             old = load.ewma_s
             if not startup:
@@ -749,7 +746,6 @@ class Scheduler:
             load.ewma_s = old + weight * (sample - old)
             low = lower(load.low_s, sample, weight)
             load.low_s = min(load.low_s, low) if startup else low
-            load.log_s += weight * (math.log(max(sample, MIN_TIME)) - load.log_s)
             self._ewma_sum += load.ewma_s - old
         if startup:
             if method.ewma_s is not None and sample < method.ewma_s:

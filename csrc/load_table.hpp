@@ -36,9 +36,6 @@ struct ActorLoad {
   bool stale = false;
   double ewma_s = 0.0;     // moving average of service time, seconds
   double low_s = 0.0;      // the same, slow to rise (see `lower`): pipeline rule, speed class
-  // Moving average of log(service time): its exp is a typical call's time, which one long call
-  // of a heavy tail barely moves and a lasting slowdown moves within a few calls (holds).
-  double log_s = 0.0;
   // Moving average of |sample - ewma_s| / ewma_s: how far a call's service time strays from the
   // estimate (an exponential distribution's is 0.74, a fixed time's near 0); 1 until measured.
   double spread = 1.0;
@@ -81,7 +78,7 @@ inline double lower(double estimate, double sample, double weight) {
 
 // An actor not sent a task while the mesh was sent this many per actor is stale (its estimate
 // may be out of date); a held-back straggler's estimate counts half as much after as long.
-constexpr double kStaleTasksPerActor = 50.0;
+constexpr double kStaleTasksPerActor = 200.0;
 
 // A spread below this is a steady actor's (see ActorLoad::steady).
 constexpr double kSteady = 0.25;
@@ -250,21 +247,18 @@ class LoadTable {
       a.measured = true;
       a.ewma_s = prior + weight * (sample - prior);
       a.low_s = sample;
-      a.log_s = std::log(std::max(sample, kMinTime));
       ewma_sum_ += a.ewma_s;
       ++measured_;
     } else if (stale) {  // the estimate is out of date: start from this sample
       ewma_sum_ += sample - a.ewma_s;
       a.ewma_s = sample;
       a.low_s = sample;
-      a.log_s = std::log(std::max(sample, kMinTime));
     } else if (!startup || sample < a.ewma_s) {
       const double old = a.ewma_s;
       if (!startup) a.spread += weight * (std::abs(sample - old) / std::max(old, kMinTime) - a.spread);
       a.ewma_s = old + weight * (sample - old);
       const double low = lower(a.low_s, sample, weight);
       a.low_s = startup ? std::min(a.low_s, low) : low;
-      a.log_s += weight * (std::log(std::max(sample, kMinTime)) - a.log_s);
       ewma_sum_ += a.ewma_s - old;
     }
   }

@@ -230,7 +230,7 @@ Scheduler::Standing Scheduler::standing(uint32_t actor) const {
   const ActorLoad& load = loads_[actor];
   const bool rated = load.alive() && !load.ejected && load.known();
   return {load.in_flight, load.live(), loads_.eligible(actor), loads_.preferred(actor), rated,
-          rated ? std::exp(-load.log_s) : 0.0};
+          rated ? 1.0 / std::max(load.low_s, kMinTime) : 0.0};
 }
 
 void Scheduler::changed(uint32_t actor, const Standing& before) {
@@ -367,7 +367,7 @@ bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
   const double rate = g.rate - s.rate;
   if (others == 0 || !(rate > 0.0)) return false;
   const double passed_over = static_cast<double>(loads_.age(actor)) / loads_.stale_after();
-  const double time = std::max(std::exp(a.log_s) * std::pow(2.0, -passed_over), kMinTime);
+  const double time = std::max(a.low_s * std::pow(2.0, -passed_over), kMinTime);
   const double wait = static_cast<double>(waiting + others) / rate;
   if (!(time > config_.hold_ratio * others / rate) || !(time > wait)) return false;
   if (!g.holding) {
