@@ -478,13 +478,12 @@ class Router:
 
     def _expire_holds(self) -> None:
         """The calls held back from a straggler for as long as it takes to serve one go to it
-        (loop thread); then the timer is armed for the holds left."""
+        (loop thread); `send_drained` then arms the timer for the holds left."""
         with self._hold_lock:
             self._hold_timer_at = math.inf
         if self.closed:
             return
         self.send_drained(lambda _: self.scheduler.expire_holds(time.perf_counter()), -1)
-        self._watch_holds()
 
     def _send_outbox(self) -> None:
         with self._outbox_lock:
