@@ -104,6 +104,7 @@ class ActorLoad:
     ewma_s: float | None = None  # None until the first sample
     low_s: float = 0.0  # slow to rise: for the pipeline rule and the speed class
     spread: float = 1.0  # moving average of |sample - ewma_s| / ewma_s
+    latest: deque[float] = field(default_factory=lambda: deque(maxlen=LATEST))  # not start-up
     last_end_s: float = -math.inf
     fresh: bool = True  # the next sample is the incarnation's first: it may include start-up
     stale: bool = False  # not sent a task for long: the next sample replaces the estimate
@@ -155,6 +156,9 @@ MIN_TIME = 1e-9
 STEADY = 0.25  # an actor whose spread is below this takes a second task behind its first
 STALE_TASKS_PER_ACTOR = 200.0  # an actor not sent a task for this many per actor is stale
 PATIENCE = 4.0  # a hold lasts at most this many times the expected wait
+LATEST = 3  # samples an actor keeps: a straggler's are all slow, a heavy tail's only some
+ALL_SLOW = 2.0  # a straggler too while its latest LATEST samples are each over this x the bar
+FLOOR = 0.25  # and its time over this x the bar
 HEDGE_SLOWER = 2.0  # a hedge never goes to an actor over this many times slower
 UNKNOWN_CLASS = -(2**31)
 
@@ -471,7 +475,9 @@ class Scheduler:
         STALE_TASKS_PER_ACTOR tasks per actor sent since its last) is over hold_ratio times the
         harmonic mean of the other rated members, and they are expected to take and finish the
         call sooner, wait = (waiting + others) / rate < its time; at most PATIENCE * wait, or
-        its time if sooner, without a call leaving the queue."""
+        its time if sooner, without a call leaving the queue. It is a straggler as well while
+        each of its latest LATEST samples is over ALL_SLOW times the bar and its time over
+        FLOOR times the bar."""
         if not self.may_hold():
             return False
         load = self._loads[actor]
@@ -486,7 +492,9 @@ class Scheduler:
         passed_over = (self._tasks_sent - load.last_task) / self._stale_after()
         time = max(load.low_s * math.pow(2.0, -passed_over), MIN_TIME)
         wait = (waiting + others) / rate
-        if not time > self._hold_ratio * others / rate or not time > wait:
+        bar = self._hold_ratio * others / rate
+        all_slow = len(load.latest) == LATEST and min(load.latest) > ALL_SLOW * bar
+        if not (time > bar or (time > FLOOR * bar and all_slow)) or not time > wait:
             return False
         if not g.holding:
             g.holding = True
@@ -739,6 +747,7 @@ class Scheduler:
             self._ewma_sum += sample - load.ewma_s
             load.ewma_s = sample
             load.low_s = sample
+            load.latest.clear()
         elif not startup or sample < load.ewma_s:
             old = load.ewma_s
             if not startup:
@@ -747,6 +756,8 @@ class Scheduler:
             low = lower(load.low_s, sample, weight)
             load.low_s = min(load.low_s, low) if startup else low
             self._ewma_sum += load.ewma_s - old
+        if not startup:
+            load.latest.append(sample)
         if startup:
             if method.ewma_s is not None and sample < method.ewma_s:
                 method.ewma_s = lower(method.ewma_s, sample, weight)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -16,6 +17,9 @@ namespace actormesh {
 // An actor's liveness. A restarting actor takes no call but still counts as live: calls that only
 // it can serve wait in the queue for it instead of failing.
 enum class Status : uint8_t { alive, restarting, dead };
+
+// How many of an actor's latest samples it keeps (ActorLoad::latest).
+constexpr uint32_t kLatest = 3;
 
 struct ActorLoad {
   // Calls on the actor not yet completed: this driver's (`own`) and, on a mesh that several
@@ -39,6 +43,11 @@ struct ActorLoad {
   // Moving average of |sample - ewma_s| / ewma_s: how far a call's service time strays from the
   // estimate (an exponential distribution's is 0.74, a fixed time's near 0); 1 until measured.
   double spread = 1.0;
+  // Its latest kLatest samples, a ring (`latest_count` so far, start-up never counts): a
+  // straggler's calls are all slow, a heavy tail's only some (Scheduler::holds).
+  std::array<double, kLatest> latest{};
+  uint32_t latest_count = 0;
+  uint32_t latest_next = 0;  // where the next one goes
   double last_end_s = -std::numeric_limits<double>::infinity();  // latest completion seen
   // Outlier ejection: an actor that failed `eject_after` calls in a row is passed over until
   // `ejected_until`, as long as another eligible member can take the call.
@@ -54,6 +63,11 @@ struct ActorLoad {
   // Its calls take about the same time each (spread below kSteady): what the one it runs has
   // left is predictable.
   bool steady() const;
+  // The shortest of its latest kLatest samples; 0 until it has had that many.
+  double latest_floor_s() const {
+    if (latest_count < kLatest) return 0.0;
+    return *std::min_element(latest.begin(), latest.end());
+  }
 };
 
 // What the scheduler learns of one method (of every actor): its service time per call, and
@@ -228,6 +242,11 @@ class LoadTable {
     const double weight = calls == 1 ? alpha_ : 1.0 - std::pow(1.0 - alpha_, calls);
     learn_actor(a, sample, weight, startup, stale);
     learn_method(methods_[method], sample, weight, startup);
+    if (!startup) {
+      a.latest[a.latest_next] = sample;
+      a.latest_next = (a.latest_next + 1) % kLatest;
+      a.latest_count = std::min(a.latest_count + 1, kLatest);
+    }
   }
 
   // Mean EWMA over measured actors, or `fallback` when none is measured. The sum is kept
@@ -253,6 +272,7 @@ class LoadTable {
       ewma_sum_ += sample - a.ewma_s;
       a.ewma_s = sample;
       a.low_s = sample;
+      a.latest_count = 0;
     } else if (!startup || sample < a.ewma_s) {
       const double old = a.ewma_s;
       if (!startup) a.spread += weight * (std::abs(sample - old) / std::max(old, kMinTime) - a.spread);

@@ -348,16 +348,23 @@ std::optional<uint32_t> Scheduler::free_member(uint32_t group, int64_t exclude,
 // other members are expected to take and finish the call sooner than `actor` would: through
 // the `waiting` calls at their joint rate R, then one of their own service times,
 // W = (waiting + others) / R < the straggler's time.
-// The straggler's time is its mean, counted half as much for every kStaleTasksPerActor tasks
+// The straggler's time is its estimate slow to rise (`low_s`), counted half as much for every kStaleTasksPerActor tasks
 // per actor the mesh was sent since the straggler's last: one passed over is tried again now
 // and then (sooner when the wait it spares is long), and being stale its next sample replaces
 // its estimate, so a straggler that has recovered is seen at once.
+// Its time rises slowly (a heavy tail's long calls must not make an actor look slow), so an
+// actor that has just become a straggler would take a dozen calls to cross that bar, and then
+// sit at it, let through whenever the bar moves. It is a straggler as well while each of its
+// latest kLatest calls took over kAllSlow times the bar, and its time is over kFloor times the
+// bar: every call slow is what sets it apart from a heavy tail, where only some are.
 // A hold never strands a call, and a wrong one (an actor that only looks slow, having run a
 // slower method) costs little: it ends kPatience * W after it began, or once the straggler's
 // time has passed if that is sooner, when no call has left the group's queue meanwhile (the
 // faster actors may have hung).
 bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
   constexpr double kPatience = 4.0;
+  constexpr double kAllSlow = 2.0;
+  constexpr double kFloor = 0.25;
   if (!may_hold()) return false;
   const ActorLoad& a = loads_[actor];
   if (!a.known()) return false;
@@ -369,7 +376,10 @@ bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
   const double passed_over = static_cast<double>(loads_.age(actor)) / loads_.stale_after();
   const double time = std::max(a.low_s * std::pow(2.0, -passed_over), kMinTime);
   const double wait = static_cast<double>(waiting + others) / rate;
-  if (!(time > config_.hold_ratio * others / rate) || !(time > wait)) return false;
+  const double bar = config_.hold_ratio * others / rate;
+  const bool straggler =
+      time > bar || (time > kFloor * bar && a.latest_floor_s() > kAllSlow * bar);
+  if (!straggler || !(time > wait)) return false;
   if (!g.holding) {
     g.holding = true;
     g.hold_until = clock_ + std::min(time, kPatience * wait);
