@@ -142,6 +142,7 @@ class Group:
     cursor: int = 0  # round_robin
     rated: int = 0  # members alive with a known speed
     rate: float = 0.0  # the sum of their speeds, kept incrementally as the native core does
+    pace: float = 0.0  # the same over their mean times (1 / ewma_s)
     holding: bool = False  # its first call is held back from a straggler
     hold_until: float = 0.0
 
@@ -159,6 +160,7 @@ PATIENCE = 4.0  # a hold lasts at most this many times the expected wait
 LATEST = 3  # samples an actor keeps: a straggler's are all slow, a heavy tail's only some
 ALL_SLOW = 2.0  # a straggler too while its latest LATEST samples are each over this x the bar
 FLOOR = 0.25  # and its time over this x the bar
+ABOVE_MEAN = 3.0  # and those samples over this x the others' mean time
 HEDGE_SLOWER = 2.0  # a hedge never goes to an actor over this many times slower
 UNKNOWN_CLASS = -(2**31)
 
@@ -268,9 +270,10 @@ class Scheduler:
         group_id = len(self._groups)
         g = Group(ranks, frozenset(ranks))
         for actor in ranks:
-            rated, rate = self._rating(actor)
+            rated, rate, pace = self._rating(actor)
             g.rated += rated
             g.rate += rate
+            g.pace += pace
         self._groups.append(g)
         self._group_ids[key] = group_id
         for actor in ranks:
@@ -476,16 +479,17 @@ class Scheduler:
         harmonic mean of the other rated members, and they are expected to take and finish the
         call sooner, wait = (waiting + others) / rate < its time; at most PATIENCE * wait, or
         its time if sooner, without a call leaving the queue. It is a straggler as well while
-        each of its latest LATEST samples is over ALL_SLOW times the bar and its time over
-        FLOOR times the bar."""
+        each of its latest LATEST samples is over ALL_SLOW times the bar and ABOVE_MEAN times
+        the others' mean time (harmonic, of ewma_s), and its time over FLOOR times the bar."""
         if not self.may_hold():
             return False
         load = self._loads[actor]
         if not load.known:
             return False
-        rated, speed = self._rating(actor)
+        rated, speed, mean_speed = self._rating(actor)
         others = g.rated - rated
         rate = g.rate - speed
+        pace = g.pace - mean_speed
         if others == 0 or not rate > 0:
             return False
         assert load.ewma_s is not None
@@ -493,7 +497,8 @@ class Scheduler:
         time = max(load.low_s * math.pow(2.0, -passed_over), MIN_TIME)
         wait = (waiting + others) / rate
         bar = self._hold_ratio * others / rate
-        all_slow = len(load.latest) == LATEST and min(load.latest) > ALL_SLOW * bar
+        all_slow = (pace > 0 and len(load.latest) == LATEST
+                    and min(load.latest) > max(ALL_SLOW * bar, ABOVE_MEAN * others / pace))
         if not (time > bar or (time > FLOOR * bar and all_slow)) or not time > wait:
             return False
         if not g.holding:
@@ -702,21 +707,23 @@ class Scheduler:
         self._blocked += was - self._eligible(actor)
         self._rerate(actor, rating)
 
-    def _rating(self, actor: int) -> tuple[int, float]:
-        """(1, its speed 1 / ewma_s) for an alive actor whose speed is known, else (0, 0.0)."""
+    def _rating(self, actor: int) -> tuple[int, float, float]:
+        """(1, its speed 1 / low_s, 1 / ewma_s) for an alive actor whose speed is known, else
+        (0, 0.0, 0.0)."""
         load = self._loads[actor]
         if not (load.alive and load.known):
-            return 0, 0.0
+            return 0, 0.0, 0.0
         assert load.ewma_s is not None
-        return 1, 1.0 / max(load.low_s, MIN_TIME)
+        return 1, 1.0 / max(load.low_s, MIN_TIME), 1.0 / max(load.ewma_s, MIN_TIME)
 
-    def _rerate(self, actor: int, before: tuple[int, float]) -> None:
+    def _rerate(self, actor: int, before: tuple[int, float, float]) -> None:
         """Carries a change of the actor's rating into its groups' sums, as the native core."""
-        rated, rate = self._rating(actor)
+        rated, rate, pace = self._rating(actor)
         for group in self._memberships[actor]:
             g = self._groups[group]
             g.rated += rated - before[0]
             g.rate = 0.0 if g.rated == 0 else g.rate + (rate - before[1])
+            g.pace = 0.0 if g.rated == 0 else g.pace + (pace - before[2])
 
     def _see_time(self, now_s: float | None) -> None:
         if now_s is not None and now_s > self._clock:

@@ -32,6 +32,7 @@ struct Group {
   // and the sum of their speeds (1 / ewma_s), i.e. the calls per second they serve together.
   uint32_t rated = 0;
   double rate = 0.0;
+  double pace = 0.0;  // the same sum over their mean times (ewma_s): how fast they are typically
   // FIFO. Non-empty while `eligible` is 0; or while its first call is held back from an
   // eligible straggler (`holding`); or for an instant between a completion and the drain it
   // defers (a Python picker must not run on the thread that completes calls).

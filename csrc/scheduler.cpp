@@ -170,6 +170,7 @@ uint32_t Scheduler::add_group(const std::vector<int64_t>& members) {
     group.eligible += now.eligible;
     group.rated += now.rated;
     group.rate += now.rate;
+    group.pace += now.pace;
     if (now.preferred) {
       ++group.preferred;
       group.preferred_loads.add(now.in_flight);
@@ -230,7 +231,8 @@ Scheduler::Standing Scheduler::standing(uint32_t actor) const {
   const ActorLoad& load = loads_[actor];
   const bool rated = load.alive() && !load.ejected && load.known();
   return {load.in_flight, load.live(), loads_.eligible(actor), loads_.preferred(actor), rated,
-          rated ? 1.0 / std::max(load.low_s, kMinTime) : 0.0};
+          rated ? 1.0 / std::max(load.low_s, kMinTime) : 0.0,
+          rated ? 1.0 / std::max(load.ewma_s, kMinTime) : 0.0};
 }
 
 void Scheduler::changed(uint32_t actor, const Standing& before) {
@@ -247,6 +249,7 @@ void Scheduler::changed(uint32_t actor, const Standing& before) {
     // Kept incrementally (the reference does the same operations in the same order, so both
     // round alike), and exact again whenever nobody is rated.
     g.rate = g.rated == 0 ? 0.0 : g.rate + (now.rate - before.rate);
+    g.pace = g.rated == 0 ? 0.0 : g.pace + (now.pace - before.pace);
     g.policy->update(loads_, m.pos, actor, before.preferred, now.preferred);
   }
 }
@@ -355,8 +358,11 @@ std::optional<uint32_t> Scheduler::free_member(uint32_t group, int64_t exclude,
 // Its time rises slowly (a heavy tail's long calls must not make an actor look slow), so an
 // actor that has just become a straggler would take a dozen calls to cross that bar, and then
 // sit at it, let through whenever the bar moves. It is a straggler as well while each of its
-// latest kLatest calls took over kAllSlow times the bar, and its time is over kFloor times the
-// bar: every call slow is what sets it apart from a heavy tail, where only some are.
+// latest kLatest calls took over kAllSlow times the bar and kAboveMean times the others' mean
+// time, and its time is over kFloor times the bar: every call slow is what sets it apart from a
+// heavy tail, where only some are. (The others' mean time, not the bar alone: a driver that
+// stalls delays every completion it sees, which lengthens every actor's latest samples at
+// once, and their mean times with them, never the estimates slow to rise the bar is made of.)
 // A hold never strands a call, and a wrong one (an actor that only looks slow, having run a
 // slower method) costs little: it ends kPatience * W after it began, or once the straggler's
 // time has passed if that is sooner, when no call has left the group's queue meanwhile (the
@@ -365,6 +371,7 @@ bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
   constexpr double kPatience = 4.0;
   constexpr double kAllSlow = 2.0;
   constexpr double kFloor = 0.25;
+  constexpr double kAboveMean = 3.0;
   if (!may_hold()) return false;
   const ActorLoad& a = loads_[actor];
   if (!a.known()) return false;
@@ -377,8 +384,10 @@ bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
   const double time = std::max(a.low_s * std::pow(2.0, -passed_over), kMinTime);
   const double wait = static_cast<double>(waiting + others) / rate;
   const double bar = config_.hold_ratio * others / rate;
+  const double pace = g.pace - s.pace;
   const bool straggler =
-      time > bar || (time > kFloor * bar && a.latest_floor_s() > kAllSlow * bar);
+      time > bar || (time > kFloor * bar && pace > 0.0 &&
+                     a.latest_floor_s() > std::max(kAllSlow * bar, kAboveMean * others / pace));
   if (!straggler || !(time > wait)) return false;
   if (!g.holding) {
     g.holding = true;

@@ -208,7 +208,8 @@ class Scheduler {
     bool eligible;
     bool preferred;
     bool rated;   // alive, not ejected, and its speed known
-    double rate;  // its speed, 1 / ewma_s, when rated; else 0
+    double rate;  // its speed, 1 / low_s, when rated; else 0
+    double pace;  // 1 / ewma_s (its mean time, not the estimate slow to rise), when rated
   };
   Standing standing(uint32_t actor) const;
   // Propagates a change of `actor`'s load, liveness or ejection to every group it belongs to.

@@ -1400,7 +1400,8 @@ def became_slow(samples: list[float]) -> Scheduler:
         s.acquire(2)
         s.complete(2, now, now + sample, True)
         now += sample
-    assert sorted([dispatch(s), dispatch(s)]) == [0, 1]
+    s.acquire(0)
+    s.acquire(1)
     return s
 
 
@@ -1414,6 +1415,23 @@ def test_an_actor_become_a_straggler_is_held_back_once_its_latest_three_calls_we
 
 def test_a_heavy_tails_slow_calls_with_a_short_one_among_them_hold_nothing_back() -> None:
     assert became_slow([0.2, 0.01, 0.2]).submit(0).actor == 2
+
+
+def test_a_stall_that_lengthens_every_actors_latest_calls_makes_none_a_straggler() -> None:
+    # A driver that stalls delays every completion it sees: every actor's latest samples grow at
+    # once, and the others' mean times with them (to 0.1 s), though not the estimates slow to
+    # rise that the bar is made of. Actor 4, twice as slow as the others, is not held back.
+    s = rated(Scheduler(5, "adaptive", max_tasks=1, hold_ratio=3.0),
+              {0: 0.01, 1: 0.01, 2: 0.01, 3: 0.01, 4: 0.02})
+    for actor in range(5):
+        now = 1000.0
+        for _ in range(3):
+            s.acquire(actor)
+            s.complete(actor, now, now + 0.2, True)
+            now += 0.2
+    for actor in range(4):
+        s.acquire(actor)
+    assert s.submit(0).actor == 4
 
 
 def test_nothing_is_held_back_from_an_actor_of_the_others_speed() -> None:
