@@ -29,7 +29,7 @@ struct Group {
   uint32_t preferred = 0;         // eligible members not ejected: what the policy picks among
   LoadHistogram preferred_loads;  // in_flight of the preferred members
   // The members whose speed is known (alive, not ejected, measured beyond start-up): how many,
-  // and the sum of their speeds (1 / ewma_s), i.e. the calls per second they serve together.
+  // and the sum of their speeds (1 / low_s), i.e. the calls per second they serve together.
   uint32_t rated = 0;
   double rate = 0.0;
   double pace = 0.0;  // the same sum over their mean times (ewma_s): how fast they are typically
