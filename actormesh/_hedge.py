@@ -28,9 +28,9 @@ could not be cancelled.
 
 The delay is the `hedge=` number, or learnt: the 95th percentile of the method's latest service
 times on this mesh (`Scheduler.method_quantile_s`, start-up left out); until 8 are known the call
-looks again after 5 ms, then at doubling intervals up to 1 s. The budget is a token bucket per mesh: each hedge-enabled
-call earns BUDGET of a token, at most BURST are kept, and a copy spends one; a call that finds
-the bucket empty is not hedged.
+looks again after 5 ms, then at doubling intervals up to 1 s. The budget is a token bucket per
+mesh: each hedge-enabled call earns BUDGET of a token, at most BURST are kept, and a copy spends
+one; a call that finds the bucket empty is not hedged.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ module, and keeps the scan only as an extra line.
 It covers what that benchmark drives: one group (all actors), `submit` and `complete`, a FIFO
 queue when every actor is full, the same EWMA and prior as the native core, and the same ties
 (fewest in flight, then lowest rank; for sed the least expected delay, then fewer in flight,
-then lowest rank), and the same staleness (an actor not sent a task while the mesh was sent 50
-per actor has its estimate replaced by its next sample). For those it makes the native core's decisions, call for call.
+then lowest rank), and the same staleness (an actor not sent a task while the mesh was sent
+STALE_TASKS_PER_ACTOR per actor has its estimate replaced by its next sample). For those it
+makes the native core's decisions, call for call.
 """
 
 from __future__ import annotations
@@ -168,7 +169,8 @@ class Scheduler:
     def _add(self, actor: int, delta: int) -> None:
         self._in_flight[actor] += delta
         if delta > 0:  # a task sent (this twin sends one call per task)
-            if self._tasks_sent - self._last_task[actor] >= STALE_TASKS_PER_ACTOR * self.num_actors:
+            passed_over = self._tasks_sent - self._last_task[actor]
+            if passed_over >= STALE_TASKS_PER_ACTOR * self.num_actors:
                 self._stale[actor] = True
             self._tasks_sent += 1
             self._last_task[actor] = self._tasks_sent

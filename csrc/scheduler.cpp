@@ -351,10 +351,10 @@ std::optional<uint32_t> Scheduler::free_member(uint32_t group, int64_t exclude,
 // other members are expected to take and finish the call sooner than `actor` would: through
 // the `waiting` calls at their joint rate R, then one of their own service times,
 // W = (waiting + others) / R < the straggler's time.
-// The straggler's time is its estimate slow to rise (`low_s`), counted half as much for every kStaleTasksPerActor tasks
-// per actor the mesh was sent since the straggler's last: one passed over is tried again now
-// and then (sooner when the wait it spares is long), and being stale its next sample replaces
-// its estimate, so a straggler that has recovered is seen at once.
+// The straggler's time is its estimate slow to rise (`low_s`), counted half as much for every
+// kStaleTasksPerActor tasks per actor the mesh was sent since the straggler's last: one passed
+// over is tried again now and then (sooner when the wait it spares is long), and being stale
+// its next sample replaces its estimate, so a straggler that has recovered is seen at once.
 // Its time rises slowly (a heavy tail's long calls must not make an actor look slow), so an
 // actor that has just become a straggler would take a dozen calls to cross that bar, and then
 // sit at it, let through whenever the bar moves. It is a straggler as well while each of its
