@@ -74,9 +74,14 @@ class Policy:
     that find no actor with a free task slot wait in the mesh's queue, and ride together (see
     `ActorMesh(coalesce=)`) when a slot frees. A task beyond an actor's first waits behind the
     running one, hiding the round trip, so it is sent only while the actor's calls are measured
-    shorter than `pipeline_s`: a slow call never queues inside a busy actor. A batch holds as
-    many calls as their expected service times fit in `batch_budget_s`, so a slow method's calls
-    go alone and tiny ones ride by the dozen.
+    shorter than `pipeline_s` (or take the same time each), or, with `pipeline_backlog`, while
+    twice as many calls wait in the mesh's queue as the (sub-)mesh has actors: each waits
+    through several ends then anyway, and an actor that starts the next call without idling
+    for the round trip drains the queue sooner (never behind an actor measured slower than the
+    others, nor while the method's times have a heavy tail). A call sent ahead is a sent call:
+    cancelled, it still runs on an actor that runs calls in order, its result dropped. A batch
+    holds as many calls as their expected service times fit in `batch_budget_s`, so a slow
+    method's calls go alone and tiny ones ride by the dozen.
     "adaptive" over actors that run one call at a time also holds a call back from a free
     straggler (an actor over `hold_ratio` times slower than the others, measured) while the
     faster actors are expected to take and finish it sooner, at most for the straggler's own
@@ -95,6 +100,7 @@ class Policy:
     prefetch: int = 0
     max_tasks: int | None = None
     pipeline_s: float = 0.002
+    pipeline_backlog: bool = True
     batch_budget_s: float = 0.002
     hold_ratio: float = 5.0
     seed: int | None = None
@@ -126,6 +132,8 @@ class Policy:
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not 0 < value < math.inf:
                 raise ValueError(f"{field}={value!r}: must be a finite number of seconds > 0")
+        if not isinstance(self.pipeline_backlog, bool):
+            raise ValueError(f"pipeline_backlog={self.pipeline_backlog!r}: must be True or False")
         if isinstance(self.hold_ratio, bool) or not isinstance(self.hold_ratio, (int, float)) \
                 or not 0 <= self.hold_ratio < math.inf:
             raise ValueError(f"hold_ratio={self.hold_ratio!r}: must be a finite number >= 0 "
@@ -189,6 +197,7 @@ def make_scheduler(
         max_in_flight=spec.slots(),
         max_tasks=spec.tasks(concurrent),
         pipeline_s=spec.pipeline_s,
+        pipeline_backlog=spec.pipeline_backlog,
         coalesce=coalesce,
         batch_budget_s=spec.batch_budget_s,
         hold_ratio=spec.hold_ratio,

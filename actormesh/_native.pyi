@@ -31,6 +31,7 @@ class Scheduler:
         max_in_flight: int = 0,
         max_tasks: int = 0,
         pipeline_s: float = 0.0,
+        pipeline_backlog: bool = False,
         coalesce: int = 1,
         batch_budget_s: float = 0.002,
         hold_ratio: float = 0.0,

@@ -23,6 +23,8 @@ Shared rules, native and here:
   hold_ratio > 0 and task slots it holds a call back from a free straggler (see `_holds`).
 - Each actor holds at most max_tasks Ray tasks (0: unbounded), a task beyond the first only while
   its low_s is below pipeline_s (when that is > 0) or it is steady (spread < STEADY).
+  With pipeline_backlog, a drain of an actor ends by giving it a second task when it has just one
+  and calls back up (see `_pipeline_backlog`).
 - affinity: the key's last actor keeps the call unless its in_flight exceeds the group's least
   loaded eligible member by more than affinity_abs AND by a factor above affinity_rel.
 - A queued call leaves its queue when a slot frees in one of its group's actors; among the
@@ -162,6 +164,9 @@ ALL_SLOW = 2.0  # a straggler too while its latest LATEST samples are each over 
 FLOOR = 0.25  # and its time over this x the bar
 ABOVE_MEAN = 3.0  # and those samples over this x the others' mean time
 HEDGE_SLOWER = 2.0  # a hedge never goes to an actor over this many times slower
+BACKLOG = 2  # a backlog: this many queued calls per live member of the group
+BACKLOG_TAIL = 5.0  # a backlog's second task: the method's p90 within this x its median
+BACKLOG_SLOWER = 2.0  # and the actor not over this x slower than the others
 UNKNOWN_CLASS = -(2**31)
 
 
@@ -184,6 +189,7 @@ class Scheduler:
         max_in_flight: int = 0,
         max_tasks: int = 0,
         pipeline_s: float = 0.0,
+        pipeline_backlog: bool = False,
         coalesce: int = 1,
         batch_budget_s: float = 0.002,
         hold_ratio: float = 0.0,
@@ -216,6 +222,7 @@ class Scheduler:
         self.max_in_flight = 1 if policy == "pull" and max_in_flight == 0 else max_in_flight
         self.max_tasks = max_tasks
         self._pipeline_s = pipeline_s
+        self.pipeline_backlog = pipeline_backlog
         self.coalesce = coalesce
         self._budget_s = batch_budget_s
         self._hold_ratio = hold_ratio
@@ -486,10 +493,7 @@ class Scheduler:
         load = self._loads[actor]
         if not load.known:
             return False
-        rated, speed, mean_speed = self._rating(actor)
-        others = g.rated - rated
-        rate = g.rate - speed
-        pace = g.pace - mean_speed
+        others, rate, pace = self._others(g, actor)
         if others == 0 or not rate > 0:
             return False
         assert load.ewma_s is not None
@@ -624,9 +628,8 @@ class Scheduler:
                 self._queued[call.ticket] = group
                 waiting.add(group)
                 continue
-            self._add_load(chosen, 1, 1)
-            g.holding = False
-            dispatched.append(self._batch(chosen, call))
+            dispatched.append(self._dispatch_queued(g, chosen, call))
+        self._pipeline_backlog(actor, dispatched)
         if error is not None:
             raise PickerError(
                 f"picker failed on {len(failed)} queued call(s) ({type(error).__name__}: {error})",
@@ -634,6 +637,44 @@ class Scheduler:
                 failed,
             ) from error
         return dispatched
+
+    def _pipeline_backlog(self, actor: int, dispatched: list[Decision]) -> None:
+        """A second task for `actor` while BACKLOG calls per live member wait in one of its
+        groups: the oldest such group's first call, unless it has an
+        affinity key, the actor is over BACKLOG_SLOWER times slower than the others' harmonic
+        mean, or the method's 90th percentile is over BACKLOG_TAIL times its median (or it has
+        too few samples to tell)."""
+        load = self._loads[actor]
+        if (not self.pipeline_backlog or self.policy == "external" or load.tasks != 1
+                or self.max_tasks < 2 or not load.alive or not load.known
+                or not self._has_call_slot(actor)):
+            return
+        backlogged = [group for group in self._memberships[actor]
+                      if not self._groups[group].holding and self._groups[group].queue
+                      and len(self._groups[group].queue)
+                      >= BACKLOG * sum(self._loads[a].alive for a in self._groups[group].members)]
+        if not backlogged:
+            return
+        g = self._groups[min(backlogged, key=lambda i: self._groups[i].queue[0].ticket)]
+        call = g.queue[0]
+        if call.affinity is not None:
+            return
+        others, rate, _ = self._others(g, actor)
+        if others > 0 and load.low_s * rate > BACKLOG_SLOWER * others:
+            return
+        if not (self.method_quantile_s(call.method, 0.9)
+                <= BACKLOG_TAIL * self.method_quantile_s(call.method, 0.5)):
+            return
+        g.queue.popleft()
+        del self._queued[call.ticket]
+        dispatched.append(self._dispatch_queued(g, actor, call))
+
+    def _dispatch_queued(self, g: Group, actor: int, call: Queued) -> Decision:
+        """`call`, just taken out of `g`'s queue, opens a task on `actor` (with the calls that
+        ride); a hold of `g` ends."""
+        self._add_load(actor, 1, 1)
+        g.holding = False
+        return self._batch(actor, call)
 
     def _batch(self, actor: int, first: Queued) -> Decision:
         """The task `first` opens on `actor`, with the waiting calls that ride along."""
@@ -715,6 +756,12 @@ class Scheduler:
             return 0, 0.0, 0.0
         assert load.ewma_s is not None
         return 1, 1.0 / max(load.low_s, MIN_TIME), 1.0 / max(load.ewma_s, MIN_TIME)
+
+    def _others(self, g: Group, actor: int) -> tuple[int, float, float]:
+        """`g`'s rated members other than `actor`: how many, their summed speeds and summed
+        mean speeds."""
+        rated, rate, pace = self._rating(actor)
+        return g.rated - rated, g.rate - rate, g.pace - pace
 
     def _rerate(self, actor: int, before: tuple[int, float, float]) -> None:
         """Carries a change of the actor's rating into its groups' sums, as the native core."""

@@ -278,7 +278,8 @@ NB_MODULE(_native, m) {
       .def(
           "__init__",
           [](PyScheduler* self, int64_t num_actors, std::string policy, int64_t max_in_flight,
-             int64_t max_tasks, double pipeline_s, int64_t coalesce, double batch_budget_s,
+             int64_t max_tasks, double pipeline_s, bool pipeline_backlog, int64_t coalesce,
+             double batch_budget_s,
              double hold_ratio, uint64_t seed, double ewma_alpha, double prior_s,
              int64_t affinity_abs,
              double affinity_rel, int64_t affinity_capacity, bool sticky, int64_t eject_after,
@@ -289,6 +290,7 @@ NB_MODULE(_native, m) {
             config.max_in_flight = max_in_flight;
             config.max_tasks = max_tasks;
             config.pipeline_s = pipeline_s;
+            config.pipeline_backlog = pipeline_backlog;
             config.coalesce = coalesce;
             config.batch_budget_s = batch_budget_s;
             config.hold_ratio = hold_ratio;
@@ -310,7 +312,8 @@ NB_MODULE(_native, m) {
             new (self) PyScheduler(std::move(config), std::move(picker_ref));
           },
           "num_actors"_a, "policy"_a = "pow2", nb::kw_only(), "max_in_flight"_a = 0,
-          "max_tasks"_a = 0, "pipeline_s"_a = 0.0, "coalesce"_a = 1, "batch_budget_s"_a = 0.002,
+          "max_tasks"_a = 0, "pipeline_s"_a = 0.0, "pipeline_backlog"_a = false, "coalesce"_a = 1,
+          "batch_budget_s"_a = 0.002,
           "hold_ratio"_a = 0.0, "seed"_a = 0, "ewma_alpha"_a = 0.2, "prior_s"_a = 0.0, "affinity_abs"_a = 2,
           "affinity_rel"_a = 1.5, "affinity_capacity"_a = 65536, "sticky"_a = true,
           "eject_after"_a = 0,

@@ -10,9 +10,10 @@
 
 namespace actormesh {
 
-// A ring of the last kSize samples. The percentile is the exact order statistic of the
-// samples held (the ceil(q * n)-th smallest), computed on demand and kept until the next sample:
-// a burst of hedged calls asks for it once per sample, not once per call.
+// A ring of the last kSize samples. A percentile is the exact order statistic of the samples held
+// (the ceil(q * n)-th smallest), read from a sorted copy made on demand and kept until the next
+// sample: a burst of hedged calls sorts once per sample, not once per call, and the pipeline
+// rule's two percentiles (Scheduler::pipeline_backlog) cost one sort between them.
 class RecentTimes {
  public:
   static constexpr size_t kSize = 64;
@@ -25,7 +26,7 @@ class RecentTimes {
       samples_[next_] = sample;
     }
     next_ = (next_ + 1) % kSize;
-    cached_q_ = -1.0;
+    sorted_.clear();
   }
 
   size_t size() const { return samples_.size(); }
@@ -33,24 +34,18 @@ class RecentTimes {
   // The q-quantile (0 < q <= 1) of the samples held; NaN with fewer than kEnough.
   double quantile(double q) const {
     if (samples_.size() < kEnough) return std::numeric_limits<double>::quiet_NaN();
-    if (q != cached_q_) {
-      scratch_ = samples_;
-      const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(scratch_.size())));
-      const size_t k = std::clamp<size_t>(rank, 1, scratch_.size()) - 1;
-      std::nth_element(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(k),
-                       scratch_.end());
-      cached_ = scratch_[k];
-      cached_q_ = q;
+    if (sorted_.empty()) {
+      sorted_ = samples_;
+      std::sort(sorted_.begin(), sorted_.end());
     }
-    return cached_;
+    const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted_.size())));
+    return sorted_[std::clamp<size_t>(rank, 1, sorted_.size()) - 1];
   }
 
  private:
   std::vector<double> samples_;
   size_t next_ = 0;  // where the next sample goes once the ring is full
-  mutable std::vector<double> scratch_;
-  mutable double cached_ = 0.0;
-  mutable double cached_q_ = -1.0;  // the quantile `cached_` holds; -1: none
+  mutable std::vector<double> sorted_;  // the samples in order; empty: none since the last add
 };
 
 }  // namespace actormesh

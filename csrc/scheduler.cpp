@@ -254,6 +254,11 @@ void Scheduler::changed(uint32_t actor, const Standing& before) {
   }
 }
 
+Scheduler::Others Scheduler::others_of(const Group& group, uint32_t actor) const {
+  const Standing s = standing(actor);
+  return {group.rated - static_cast<uint32_t>(s.rated), group.rate - s.rate, group.pace - s.pace};
+}
+
 void Scheduler::add_load(uint32_t actor, int32_t calls, int32_t tasks) {
   const Standing before = standing(actor);
   loads_.add(actor, calls, tasks);
@@ -376,15 +381,12 @@ bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
   const ActorLoad& a = loads_[actor];
   if (!a.known()) return false;
   Group& g = groups_[group];
-  const Standing s = standing(actor);
-  const uint32_t others = g.rated - static_cast<uint32_t>(s.rated);
-  const double rate = g.rate - s.rate;
+  const auto [others, rate, pace] = others_of(g, actor);
   if (others == 0 || !(rate > 0.0)) return false;
   const double passed_over = static_cast<double>(loads_.age(actor)) / loads_.stale_after();
   const double time = std::max(a.low_s * std::pow(2.0, -passed_over), kMinTime);
   const double wait = static_cast<double>(waiting + others) / rate;
   const double bar = config_.hold_ratio * others / rate;
-  const double pace = g.pace - s.pace;
   const bool straggler =
       time > bar || (time > kFloor * bar && pace > 0.0 &&
                      a.latest_floor_s() > std::max(kAllSlow * bar, kAboveMean * others / pace));
@@ -586,7 +588,7 @@ Drain Scheduler::drain_locked(uint32_t actor) {
         oldest = &g.queue.front();
       }
     }
-    if (oldest == nullptr) return out;
+    if (oldest == nullptr) break;
     Group& g = groups_[best];
     const QueuedCall call = *oldest;
     g.queue.pop_front();
@@ -608,13 +610,68 @@ Drain Scheduler::drain_locked(uint32_t actor) {
       waiting.push_back(best);
       continue;
     }
-    add_load(*chosen, 1, 1);
-    dispatched_from(best);
-    out.dispatched.push_back({call.ticket, static_cast<int32_t>(*chosen), call.payload});
-    add_mates(*chosen, call, out);
-    free_if_unused(best);
+    dispatch_queued(best, *chosen, call, out);
   }
+  pipeline_backlog(actor, out);
   return out;
+}
+
+// Under a backlog, `actor`, which has just freed a task slot and taken the next call, takes a
+// second one, to wait behind the first in the actor. Between two tasks a Ray actor idles for a
+// round trip (its end reaches the driver, the next call travels back): ~1.3 ms against calls of
+// 10 ms on the machines measured, so at 90% load the actors are in fact busy ~95% of the time
+// and a backlog drains slowly. A call sent ahead starts the instant the one before it ends.
+// What it costs: the call waits for that actor's call to end rather than for the first of any.
+// So only under a backlog of twice the group's live members, where every call waits through
+// several ends anyway and the round trips saved are what makes the queue drain sooner; not
+// behind a heavy tail, where the call may wait for one long call: the queued method's recent
+// times must have a 90th percentile within kTail times their median (exponential times: 3.3,
+// ~3 with the round trip in the samples; lognormal with sigma 2: 13, ~7 with it; too few
+// samples: no); nor behind a straggler: the actor must be measured no slower than kSlower times
+// the others' harmonic mean. A call with an affinity key goes by its key, and an external
+// picker sees every call: those wait as before, and the calls behind them too.
+void Scheduler::pipeline_backlog(uint32_t actor, Drain& out) {
+  constexpr double kTail = 5.0;
+  constexpr uint64_t kBacklog = 2;  // times the live members
+  constexpr double kSlower = 2.0;
+  if (!config_.pipeline_backlog || settings_.kind == PolicyKind::external || queued_.empty()) {
+    return;
+  }
+  const ActorLoad& a = loads_[actor];
+  if (a.tasks != 1 || loads_.max_tasks() < 2 || !a.alive() || a.ejected || !a.known() ||
+      !loads_.has_call_slot(actor)) {
+    return;
+  }
+  uint32_t from = 0;
+  const QueuedCall* oldest = nullptr;  // the first call of the oldest group with a backlog
+  for (const Membership& m : memberships_[actor]) {
+    const Group& g = groups_[m.group];
+    if (g.holding || g.queue.size() < kBacklog * g.live) continue;
+    if (oldest == nullptr || g.queue.front().ticket < oldest->ticket) {
+      from = m.group;
+      oldest = &g.queue.front();
+    }
+  }
+  if (oldest == nullptr || oldest->affinity) return;
+  Group& g = groups_[from];
+  const Others o = others_of(g, actor);
+  if (o.count > 0 && a.low_s * o.rate > kSlower * o.count) return;
+  const RecentTimes& recent = loads_.method(oldest->method).recent;
+  if (!(recent.quantile(0.9) <= kTail * recent.quantile(0.5))) return;
+  const QueuedCall call = *oldest;
+  g.queue.pop_front();
+  queued_.erase(call.ticket);
+  dispatch_queued(from, actor, call, out);
+}
+
+// `call`, just taken out of `group`'s queue, opens a task on `actor`, with the calls that ride.
+void Scheduler::dispatch_queued(uint32_t group, uint32_t actor, const QueuedCall& call,
+                                Drain& out) {
+  add_load(actor, 1, 1);
+  dispatched_from(group);
+  out.dispatched.push_back({call.ticket, static_cast<int32_t>(actor), call.payload});
+  add_mates(actor, call, out);
+  free_if_unused(group);
 }
 
 Drain Scheduler::drain(int64_t actor) {

@@ -27,9 +27,11 @@ struct SchedulerConfig {
   std::string policy = "pow2";
   int64_t max_in_flight = 0;  // per actor; 0 = unbounded (pull: 0 means 1)
   // Ray tasks per actor; 0 = unbounded. A task beyond an actor's first only while its
-  // service-time EWMA is below pipeline_s (0: always).
+  // service-time estimate is below pipeline_s (0: always) or steady, or, with pipeline_backlog,
+  // a second one while calls back up in its group (Scheduler::pipeline_backlog).
   int64_t max_tasks = 0;
   double pipeline_s = 0.0;
+  bool pipeline_backlog = false;
   // Coalescing: a freed slot takes up to `coalesce` queued calls as one task (1: never), as long
   // as their expected service times add up to at most `batch_budget_s`.
   int64_t coalesce = 1;
@@ -212,6 +214,14 @@ class Scheduler {
     double pace;  // 1 / ewma_s (its mean time, not the estimate slow to rise), when rated
   };
   Standing standing(uint32_t actor) const;
+  // The group's rated members other than `actor`: how many, their summed speeds (`rate`) and
+  // summed mean speeds (`pace`).
+  struct Others {
+    uint32_t count;
+    double rate;
+    double pace;
+  };
+  Others others_of(const Group& group, uint32_t actor) const;
   // Propagates a change of `actor`'s load, liveness or ejection to every group it belongs to.
   void changed(uint32_t actor, const Standing& before);
   // Counts `calls` more calls on `actor`, carried by `tasks` more tasks.
@@ -229,6 +239,8 @@ class Scheduler {
   uint32_t least_loaded_eligible(const Group& group) const;
   bool sticks(uint32_t group, uint32_t actor) const;
   Drain drain_locked(uint32_t actor);
+  void pipeline_backlog(uint32_t actor, Drain& out);
+  void dispatch_queued(uint32_t group, uint32_t actor, const QueuedCall& call, Drain& out);
   void free_group(uint32_t group);
   void free_if_unused(uint32_t group);
   void eject_if_due(uint32_t actor, double now_s);

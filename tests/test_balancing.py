@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Hashable, Iterator, Sequence
 
 import pytest
-from workers import Worker, signal, wait_until
+import ray
+from workers import Worker, signal, wait_until, waiters
 
 import actormesh as am
 
@@ -175,3 +177,58 @@ def test_a_python_balancer_failing_on_a_queued_call_fails_that_call_only() -> No
             queued.get(timeout=60)  # pick 2, made when the slot freed, raised
         assert mesh.methods.rank.choose().get(timeout=60) == 0  # pick 3
         assert mesh.load() == [0]
+
+
+@pytest.mark.parametrize("backlog", [True, False])
+def test_calls_backed_up_twice_over_are_sent_two_per_actor_and_each_answered_once(
+    backlog: bool,
+) -> None:
+    """Under a backlog of twice the actors, the default sends each freed actor a second call
+    to start the instant its running one ends (calls of 6 and 18 ms: neither short nor steady,
+    so nothing else would); with `pipeline_backlog=False` an actor holds one call at a time."""
+    policy = am.Policy(pipeline_backlog=backlog)
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=policy) as mesh:
+        mesh.wait_ready(60)
+        durations = [0.006, 0.018] * 20
+        for seconds in durations[:12]:  # the method's times, measured one call at a time
+            mesh.methods.sleep.choose(seconds).get(timeout=60)
+        scheduler = mesh._root.router.scheduler
+        futures = [mesh.methods.sleep.choose(seconds) for seconds in durations]
+        most, deadline = 0, time.monotonic() + 60
+        while not all(f.done() for f in futures) and time.monotonic() < deadline:
+            most = max(most, *scheduler.tasks())  # Ray tasks per actor, as the calls drain
+        assert {f.get(timeout=60) for f in futures} <= {0, 1}  # every call answered
+        assert most == (2 if backlog else 1)
+        assert scheduler.tasks() == [0, 0] and scheduler.queued() == 0
+
+
+def test_pipeline_backlog_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="pipeline_backlog=1: must be True or False"):
+        am.Policy(pipeline_backlog=1)  # type: ignore[arg-type]
+
+
+def test_a_call_sent_ahead_and_lost_with_its_actor_is_retried_on_another() -> None:
+    """Under a backlog, actor 0 runs a blocked call with a second one waiting behind it in the
+    actor; killed, it fails the one that ran (no retries) and the one sent ahead runs on 1."""
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1) as mesh:
+        mesh.wait_ready(60)
+        for seconds in [0.006, 0.018] * 6:  # `sleep` measured: neither short nor steady
+            mesh.methods.sleep.choose(seconds).get(timeout=60)
+        blocker, other = signal(), signal()
+        held = mesh[1].methods.block.choose(other)
+        waiters(other, 1)
+        freeing = mesh[0].methods.sleep.choose(0.1)  # its end drains the queue below
+        running = mesh.methods.block.choose(blocker)  # queued: actor 0's next call
+        sleepy = mesh.methods.sleep.options(retries=1)
+        ahead = [sleepy.choose(0.001) for _ in range(5)]  # a backlog of 2 per actor behind it
+        assert freeing.get(timeout=60) == 0
+        waiters(blocker, 1)
+        scheduler = mesh._root.router.scheduler
+        wait_until(lambda: scheduler.tasks()[0] == 2)  # ahead[0] waits inside actor 0
+        ray.kill(mesh.actors[0])
+        with pytest.raises(am.ActorDiedError):
+            running.get(timeout=60)
+        other.send.remote()
+        assert held.get(timeout=60) == 1
+        assert [f.get(timeout=60) for f in ahead] == [1] * 5  # each answered once, by 1
+        wait_until(lambda: mesh.load() == [0, 0])

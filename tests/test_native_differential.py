@@ -62,6 +62,12 @@ CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("external", {"picker": flaky_picker, "coalesce": 4}),
     ("adaptive", {"max_tasks": 1, "hold_ratio": 3.0}),
     ("adaptive", {"max_tasks": 2, "pipeline_s": 0.004, "hold_ratio": 1.5, "coalesce": 4}),
+    ("adaptive", {"max_tasks": 2, "pipeline_s": 1e-4, "pipeline_backlog": True,
+                  "hold_ratio": 3.0}),
+    ("adaptive", {"max_tasks": 3, "pipeline_s": 1e-4, "pipeline_backlog": True, "coalesce": 4}),
+    ("least_loaded", {"max_tasks": 2, "pipeline_s": 1e-4, "pipeline_backlog": True}),
+    ("external", {"picker": spread_picker, "max_tasks": 2, "pipeline_s": 1e-4,
+                  "pipeline_backlog": True}),
 ]
 
 

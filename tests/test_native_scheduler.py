@@ -1138,6 +1138,71 @@ def test_adaptive_keeps_an_actor_measured_slow_to_one_task() -> None:
     assert s.tasks() == [1]
 
 
+STEADY_TAIL = [0.004, 0.007, 0.010, 0.013, 0.020, 0.005, 0.009, 0.012]  # p90 / p50 = 2.2
+HEAVY_TAIL = [0.002, 0.002, 0.002, 0.002, 0.002, 0.002, 0.1, 0.1]  # p90 / p50 = 50
+
+
+def backlogged(queued: int, samples: dict[int, list[float]] | None = None,
+               keyed: int = -1, **settings: Any) -> Scheduler:
+    """Two `adaptive` actors of calls of ~10 ms (or `samples`), each busy with one task, and
+    `queued` calls waiting (the one at `keyed` with an affinity key), with the backlog rule
+    unless told."""
+    config: dict[str, Any] = {"max_tasks": 2, "pipeline_s": 0.002, "pipeline_backlog": True}
+    s = started(Scheduler(2, "adaptive", **(config | settings)))
+    for actor, times in (samples or {0: STEADY_TAIL, 1: STEADY_TAIL}).items():
+        complete_one_after_another(s, actor, times)
+    dispatch(s)
+    dispatch(s)
+    for i in range(queued):
+        assert s.submit(0, 7 if i == keyed else None).actor == -1
+    return s
+
+
+def tasks_sent(s: Scheduler, actor: int = 0) -> int:
+    """`actor` ends its task: how many tasks its freed slot sends it."""
+    drained = s.complete(actor, 100.0, 100.01, True)
+    assert {d.actor for d in drained} <= {actor}
+    return len(drained)
+
+
+def test_under_a_backlog_of_twice_the_actors_a_freed_actor_also_takes_a_second_task() -> None:
+    s = backlogged(5)
+    # The next call, then, four still waiting for two actors, one to start the instant it ends.
+    assert tasks_sent(s) == 2
+    assert s.tasks() == [2, 1] and s.queued() == 3
+
+
+def test_a_shorter_backlog_leaves_calls_to_the_first_actor_to_free() -> None:
+    s = backlogged(4)
+    assert tasks_sent(s) == 1
+    assert s.tasks() == [1, 1] and s.queued() == 3
+
+
+def test_no_second_task_behind_a_heavy_tail() -> None:
+    """A call sent behind one of the long calls would wait for it."""
+    assert tasks_sent(backlogged(5, {0: HEAVY_TAIL, 1: HEAVY_TAIL})) == 1
+
+
+def test_no_second_task_for_an_actor_slower_than_the_others() -> None:
+    assert tasks_sent(backlogged(5, {0: [3 * t for t in STEADY_TAIL], 1: STEADY_TAIL})) == 1
+
+
+def test_no_second_task_before_the_method_has_enough_samples() -> None:
+    s = backlogged(5, {0: STEADY_TAIL[:3], 1: STEADY_TAIL[:3]})  # 6 samples: no percentile
+    assert tasks_sent(s) == 1
+
+
+def test_a_keyed_call_first_in_line_goes_by_its_key_and_the_calls_behind_it_wait() -> None:
+    s = backlogged(6, keyed=1)
+    assert tasks_sent(s, 0) == 1  # then the keyed call is first in line: it waits
+    assert tasks_sent(s, 1) == 2  # it goes to 1, the next behind it too (four wait for two)
+
+
+def test_the_backlog_rule_is_off_unless_asked_for() -> None:
+    assert tasks_sent(backlogged(5, pipeline_backlog=False)) == 1
+    assert tasks_sent(backlogged(5, max_tasks=1)) == 1  # one task per actor, always
+
+
 def test_adaptive_picks_the_least_loaded_then_the_idle_actor_used_last_or_busy_one_used_first(
 ) -> None:
     s = Scheduler(3, "adaptive", max_tasks=4)
