@@ -173,7 +173,7 @@ class Batch:
         if values is _UNREAD:
             with self._lock:
                 if self._values is _UNREAD:
-                    self._values = _results(lambda: ray.get(self.ref))
+                    self._values = _results(lambda: _ray.get(self.ref))
                 values = self._values
         return _element(values, index)
 

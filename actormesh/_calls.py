@@ -166,7 +166,7 @@ def read(call: Call) -> Any:
     batch = call.batch
     if batch is None:
         try:
-            return ray.get(ref)
+            return _ray.get(ref)
         except RayError as err:
             raise call.sender().error(err) from None
     value, error = batch.element(call.index)
@@ -216,6 +216,8 @@ def read_sent(call: Call, timeout: float | None) -> Any:
         left = max(call.deadline - time.monotonic(), 0.0)
         timeout = left if timeout is None else min(timeout, left)
     late = _ray.arrived(ref)  # then when it ended is not known: no service-time sample
+    if not _ray.connected():
+        return NOT_READ
     try:
         value = ray.get(ref, timeout=timeout)
     except RayError:  # GetTimeoutError included
@@ -304,6 +306,9 @@ class Router:
         if self.closed:
             call.fail(MeshError(f"{call.method}: the mesh is shut down"))
             return
+        if not _ray.connected():
+            call.fail(MeshError(f"{call.method}: {_ray.NOT_RUNNING}"))
+            return
         assert call.target is not None
         try:
             decision = self.scheduler.submit(call.target.group, call.affinity, call,
@@ -334,6 +339,8 @@ class Router:
         call.finished = False
         call.started = time.perf_counter()
         try:
+            if not _ray.connected():  # else Ray's `.remote()` would start a new cluster
+                raise MeshError(f"{call.method}: {_ray.NOT_RUNNING}")
             if call.fn is None:
                 remote = self._remote.get((actor, call.method))
                 if remote is None:
@@ -401,6 +408,11 @@ class Router:
             call.actor, call.epoch, call.started = actor, epoch, batch.started
             call.batch, call.index = batch, index
             items.append((call.method, call.args, call.kwargs))
+        if not _ray.connected():  # each goes alone, and fails there
+            self._give_back(actor, len(live))
+            for call in live:
+                self.send(actor, call)
+            return
         try:
             ref = batch.ref = self._send_batch_to(self.handles[actor], items)
             for call in live:
@@ -627,8 +639,8 @@ class Router:
         without stalling the actor (`_ray.runs_calls_at_once`). Never a kill. A call that rode
         a batch is dropped when the batch ends; the batch's task is cancelled only once every
         call in it has been."""
-        if call.ref is None or call.finished or not _ray.runs_calls_at_once(
-                self.handles[call.actor]):
+        if call.ref is None or call.finished or not _ray.connected() \
+                or not _ray.runs_calls_at_once(self.handles[call.actor]):
             return
         batch = call.batch
         if batch is not None and not all(c.future.done() for c in batch.calls):

@@ -36,7 +36,7 @@ from typing import Any
 
 import ray
 
-from . import _loop, _native
+from . import _loop, _native, _ray
 
 log = logging.getLogger("actormesh")
 
@@ -139,7 +139,7 @@ class Shared:
     async def _exchange(self) -> None:
         """Every period: this driver's counts to the registry, the other hosts' back."""
         table = self._scheduler.load_table_id()
-        while True:
+        while _ray.connected():  # after ray.shutdown() a call would start a new cluster
             period = _IDLE_S
             try:
                 if self._handle is None:
@@ -164,10 +164,11 @@ class Shared:
         self._task.cancel()
         self._scheduler.unshare_load()
         handle, self._handle = self._handle, None
-        if handle is None:
+        if self._creator:
+            _remove_table(table_path(self._token))
+        if handle is None or not _ray.connected():  # Ray ended: the registry went with it
             return
         if self._creator:
             ray.kill(handle, no_restart=True)
-            _remove_table(table_path(self._token))
         else:
             handle.leave.remote(self._driver)

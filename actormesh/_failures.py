@@ -164,7 +164,7 @@ class Failures:
         read concludes nothing."""
         delay = _READ_FIRST_S
         try:
-            while not self._closed:
+            while not self._closed and _ray.connected():  # no GCS left to ask after shutdown
                 try:
                     found = await _ray.actor_state(self._actor_ids[actor])
                 except Exception as err:  # noqa: BLE001 - the GCS is busy or away: ask again
@@ -312,7 +312,7 @@ class ActorStates:
     async def _follow(self, subscriber: Any, address: str) -> None:
         idle_polls = 0
         try:
-            while True:
+            while _ray.connected():  # ray.shutdown() ends the cluster and this subscription
                 try:
                     notices = await _ray.poll(subscriber)
                 except Exception as err:  # noqa: BLE001 - the GCS went away: retry, slowly

@@ -298,7 +298,7 @@ def _values(calls: Sequence[Call], errors_as_values: bool) -> list[Any]:
     values: dict[int, Any] = {}
     if good:
         try:
-            for call, value in zip(good, ray.get([c.future.result() for c in good])):
+            for call, value in zip(good, _ray.get([c.future.result() for c in good])):
                 values[id(call)] = value
         except RayError:
             values = {}  # one of them failed after all: read them one by one below

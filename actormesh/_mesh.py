@@ -439,16 +439,20 @@ def _release(router: Router, handles: list[Any], placed: Placed | None, label: s
 def _shut(router: Router, handles: list[Any], placed: Placed | None, label: str,
           publication: _named.Publication | None, shared: _drivers.Shared | None) -> None:
     """Close the router and stop sharing its load, then (a mesh this driver created) kill the
-    actors; a named mesh is marked closing before its actors go and unpublished after."""
-    if publication is not None:
+    actors; a named mesh is marked closing before its actors go and unpublished after. After
+    `ray.shutdown()` only this process's side is undone: the actors, their placement group and
+    the record went with the cluster, and asking Ray would start a new one."""
+    ray_up = _ray.connected()
+    if publication is not None and ray_up:
         _quietly(label, "marking the mesh closing", publication.closing)
     router.close(f"{label}: the mesh was shut down before this call was sent")
     if shared is not None:
         _quietly(label, "leaving the drivers' load", shared.leave)
-    for handle in handles:
-        _quietly(label, "killing an actor", ray.kill, handle, no_restart=True)
-    if placed is not None:
-        placed.release()
+    if ray_up:
+        for handle in handles:
+            _quietly(label, "killing an actor", ray.kill, handle, no_restart=True)
+        if placed is not None:
+            placed.release()
     if publication is not None:
         _quietly(label, "unpublishing the mesh", publication.withdraw)
 

@@ -146,7 +146,8 @@ class Publication:
             self._withdrawn = True
         with _published_lock:
             _published.discard(self)
-        _ray.kv_del(self._key)
+        if _ray.connected():  # else the record went with the cluster
+            _ray.kv_del(self._key)
 
 
 def publish(name: str, cls: type[Any], shape: Shape, handles: Sequence[Any],

@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
@@ -334,7 +333,7 @@ class ActorPool(Generic[T]):
         if error is not None:
             raise error
         try:
-            return ray.get(call.future.result())
+            return _ray.get(call.future.result())
         except RayActorError as err:
             raise call.error(err) from None
 

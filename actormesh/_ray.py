@@ -14,6 +14,11 @@
   thread or event loop instead of waiting, or handing the read to a thread).
 - `runs_calls_at_once(handle)`: whether the actor runs calls out of order, which is also
   whether `ray.cancel` may be used on its calls.
+- `connected()` / `get`: whether this process is still connected to Ray. Ray's `.remote()`,
+  `ray.get`, `ray.kill`, `ray.cancel`, `ray.get_actor`... start a new local cluster when there
+  is none (after `ray.shutdown()`); the library checks first, everywhere it calls Ray on its
+  own (its threads, a mesh's finalizer or shutdown) or for a call of a mesh, so that a mesh of
+  a cluster that is gone fails its calls instead of starting another cluster.
 
 These need Ray 2.60 or newer (`ObjectRef._on_ready` first shipped there): `require` refuses an
 older Ray when actormesh is imported, naming the version found.
@@ -27,6 +32,8 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import ray
+
+from ._errors import MeshError
 
 log = logging.getLogger("actormesh")
 
@@ -96,6 +103,26 @@ def arrived(ref: Any) -> bool:
         return bool(_worker.global_worker.core_worker.object_exists(ref, memory_store_only=True))
     except Exception:  # noqa: BLE001 - not the internals this was written for
         return False
+
+
+NOT_RUNNING = ("Ray is not running in this process (ray.shutdown() was called): actormesh "
+               "does not start it again, and the mesh's actors were in the cluster that ended")
+
+
+def connected() -> bool:
+    """Whether this process is connected to a Ray cluster (`ray.is_initialized()`, read
+    without its wrapper: this is on the path of every call sent)."""
+    if _worker is None:  # pragma: no cover - internals moved: the public (slower) question
+        return bool(ray.is_initialized())
+    return bool(_worker.global_worker.connected)
+
+
+def get(refs: Any, timeout: float | None = None) -> Any:
+    """`ray.get`, refused with a `MeshError` when Ray is not running (where `ray.get` would
+    start a new cluster, in which these objects do not exist)."""
+    if not connected():
+        raise MeshError(NOT_RUNNING)
+    return ray.get(refs, timeout=timeout)
 
 
 # Actor states on the GCS channel (gcs_pb2.ActorTableData.ActorState).

@@ -200,6 +200,8 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for module in (_calls, _future, _batch, _bulk):
         monkeypatch.setattr(module, "ray", fake)
     monkeypatch.setattr(_ray, "outcome", lambda ref: ref.kind)
+    monkeypatch.setattr(_ray, "get", _fake_get)
+    monkeypatch.setattr(_ray, "connected", lambda: True)  # no Ray here, and none to start
     yield
 
 
@@ -1099,8 +1101,7 @@ def test_a_batch_is_read_once_whatever_the_number_of_its_calls(
     futures = queue_behind_one(h, 1, 2, 3, 4)
     h.finish(h.pending(0)[0], "first")
     reads: list[Any] = []
-    monkeypatch.setattr(_batch, "ray", types.SimpleNamespace(
-        get=lambda ref, timeout=None: reads.append(ref) or _fake_get(ref)))
+    monkeypatch.setattr(_ray, "get", lambda ref, timeout=None: reads.append(ref) or _fake_get(ref))
     h.finish(h.pending(0)[0], [1, 2, 3, 4])
     assert [f.get(timeout=5) for f in futures] == [1, 2, 3, 4]
     assert len(reads) == 1

@@ -284,6 +284,8 @@ def _node_ip(group: PlacementGroup, bundle: int) -> str:
 
 
 def _release(rendezvous: Any, group: PlacementGroup | None) -> None:
+    if not ray.is_initialized():  # they went with the cluster; asking would start a new one
+        return
     if rendezvous is not None:
         try:
             ray.kill(rendezvous, no_restart=True)

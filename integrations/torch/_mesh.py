@@ -137,6 +137,8 @@ def _restart_hook(setup: WorldSetup, rendezvous: Any,
 
 
 def _kill(rendezvous: Any) -> None:
+    if not ray.is_initialized():  # it went with the cluster; ray.kill would start a new one
+        return
     try:
         ray.kill(rendezvous, no_restart=True)
     except Exception as err:  # already gone, or Ray is shutting down

@@ -1,0 +1,29 @@
+"""After `ray.shutdown()`, a mesh never starts Ray again: its calls fail naming the cause, its
+own threads stop, and the process exits at once (a GCS client left behind kills the process
+with status 1 after 60 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_shutdown.py")
+
+
+def test_a_mesh_that_outlives_ray_fails_its_calls_and_never_starts_a_cluster() -> None:
+    here = os.path.dirname(SCRIPT)
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=180)
+    took = time.monotonic() - start
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    for verb in ("choose", "all", "read"):
+        assert "ray.shutdown() was called" in seen[verb], (verb, seen[verb])
+    assert seen["initialized"] is False
+    assert took < 60, f"the script took {took:.0f} s: something waited for the cluster that ended"
