@@ -179,15 +179,14 @@ def test_a_python_balancer_failing_on_a_queued_call_fails_that_call_only() -> No
         assert mesh.load() == [0]
 
 
-@pytest.mark.parametrize("backlog", [True, False])
-def test_calls_backed_up_twice_over_are_sent_two_per_actor_and_each_answered_once(
-    backlog: bool,
-) -> None:
+def test_calls_backed_up_twice_over_are_sent_two_per_actor_and_each_answered_once() -> None:
     """Under a backlog of twice the actors, the default sends each freed actor a second call
     to start the instant its running one ends (calls of 6 and 18 ms: neither short nor steady,
-    so nothing else would); with `pipeline_backlog=False` an actor holds one call at a time."""
-    policy = am.Policy(pipeline_backlog=backlog)
-    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=policy) as mesh:
+    so no other rule would), and every call is answered once. That nothing sends it with
+    `pipeline_backlog=False` is specified without Ray, in test_native_scheduler.py: on Ray a
+    driver stalled by a loaded machine reads two replies at once, which can make an actor's
+    calls look short for a moment, and the rule for short calls then sends a second one."""
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=am.Policy()) as mesh:
         mesh.wait_ready(60)
         durations = [0.006, 0.018] * 20
         for seconds in durations[:12]:  # the method's times, measured one call at a time
@@ -198,7 +197,7 @@ def test_calls_backed_up_twice_over_are_sent_two_per_actor_and_each_answered_onc
         while not all(f.done() for f in futures) and time.monotonic() < deadline:
             most = max(most, *scheduler.tasks())  # Ray tasks per actor, as the calls drain
         assert {f.get(timeout=60) for f in futures} <= {0, 1}  # every call answered
-        assert most == (2 if backlog else 1)
+        assert most == 2
         assert scheduler.tasks() == [0, 0] and scheduler.queued() == 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,8 +16,8 @@ import pytest
 import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vllm_faults import FlakyEngine, arm
-from workers import wait_until
+from vllm_faults import RESTART_GATE, FlakyEngine, arm
+from workers import Signal, wait_until, waiters
 
 import actormesh as am
 from actormesh.integrations.trainer import AsyncTrainer, RolloutError
@@ -346,6 +347,18 @@ def test_a_killed_engine_loses_no_request_and_comes_back_restored(pool: EnginePo
         pool.update_weights({"lm_head.weight": original["lm_head.weight"]}).get(timeout=60)
 
 
+@contextlib.contextmanager
+def restarts_held() -> Iterator[Any]:
+    """Inside: a restarted FlakyEngine waits in its constructor (on the Signal yielded) until
+    the block ends."""
+    gate = Signal.options(name=RESTART_GATE).remote()  # type: ignore[attr-defined]
+    try:
+        yield gate
+    finally:
+        ray.get(gate.send.remote(), timeout=60)
+        ray.kill(gate)
+
+
 def _served_by_each(pool: EnginePool, max_tokens: int) -> list[tuple[list[int], list[int]]]:
     """(tokens, weight versions) of one greedy request sent to each engine directly."""
     request = Sequence(PROMPT, check_sampling({"max_tokens": max_tokens})).request("direct")
@@ -396,17 +409,43 @@ def test_a_load_failing_on_one_engine_is_undone_everywhere_and_its_version_never
 def test_a_load_that_times_out_restarts_its_engine_and_the_update_is_undone(
     pool: EnginePool,
 ) -> None:
+    """The update ends, and generation resumes, without waiting for the restart: the engine
+    is held in its constructor until the update has returned (it restores the pool's weights
+    when it is back)."""
     served = pool.weight_version
-    pool.mesh[2].run_in_actors(arm, "hang").get(timeout=60)
-    rigged = np.full((1000, 8), 0.75, np.float32)
-    with pytest.raises(WeightUpdateError, match="engine 2 timed out") as info:
-        pool.update_weights({"lm_head.weight": rigged}, timeout=2).get(timeout=60)
-    assert [(e.outcome, e.restored) for e in info.value.report.engines] == [
-        ("loaded", "rolled back"), ("loaded", "rolled back"), ("timed out", "restarted")]
-    assert pool.weight_version == served
+    with restarts_held() as gate:
+        pool.mesh[2].run_in_actors(arm, "hang").get(timeout=60)
+        rigged = np.full((1000, 8), 0.75, np.float32)
+        with pytest.raises(WeightUpdateError, match="engine 2 timed out") as info:
+            pool.update_weights({"lm_head.weight": rigged}, timeout=2).get(timeout=60)
+        assert [(e.outcome, e.restored) for e in info.value.report.engines] == [
+            ("loaded", "rolled back"), ("loaded", "rolled back"), ("timed out", "restarted")]
+        assert pool.weight_version == served
+        waiters(gate, 1)  # engine 2's restart is held back: the update did not wait for it
+        want = reference(PROMPT, 6)[0]
+        assert pool.generate(PROMPT, {"max_tokens": 6}).get(timeout=60).token_ids == want
     wait_until(lambda: all(pool.mesh.load().alive))
-    want = reference(PROMPT, 6)[0]
     assert _served_by_each(pool, 6) == [(want, [served] * 6)] * 3
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_pause_and_resume_skip_a_restarting_engine_which_comes_back_in_the_pools_state(
+    pool: EnginePool,
+) -> None:
+    """A control operation does not wait for an engine that is restarting (it would spend its
+    whole timeout there): the engine takes the pool's state (paused or not) when it is back."""
+    with restarts_held() as gate:
+        ray.kill(pool.mesh.actors[1], no_restart=False)
+        wait_until(lambda: not pool.mesh.load().alive[1])
+        waiters(gate, 1)  # engine 1 is restarting, held back
+        pool.pause("keep", timeout=5).get(timeout=60)
+    wait_until(lambda: all(pool.mesh.load().alive))
+    wait_until(lambda: pool.stats()["engines"][1].paused == "keep")  # restored, paused
+    assert [e.paused for e in pool.stats()["engines"]] == ["keep"] * 3
+    pool.resume(timeout=5).get(timeout=60)
+    assert [e.paused for e in pool.stats()["engines"]] == [None] * 3
+    want = reference(PROMPT, 6)[0]
+    assert [tokens for tokens, _ in _served_by_each(pool, 6)] == [want] * 3
 
 
 @pytest.mark.usefixtures("ray_cluster")

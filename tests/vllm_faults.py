@@ -6,10 +6,16 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import ray
+
 import actormesh as am
 from actormesh.integrations.vllm import FakeEngine
 
 Fault = Literal["raise", "hang"]
+
+# While a Signal actor of this name lives (tests/workers.py), a restarted FlakyEngine waits in
+# its constructor until the signal is sent: a test holds a restart back.
+RESTART_GATE = "flaky-engine-restart-gate"
 
 
 class FlakyEngine(FakeEngine):
@@ -17,6 +23,16 @@ class FlakyEngine(FakeEngine):
     cancelled. Unarmed, it is a `FakeEngine`; a restarted one is unarmed."""
 
     def __init__(self, model: str, engine_args: Mapping[str, Any]) -> None:
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            try:
+                gate = ray.get_actor(RESTART_GATE)
+            except ValueError:  # no test holds restarts back
+                gate = None
+            if gate is not None:
+                try:
+                    ray.get(gate.wait.remote(), timeout=120)
+                except ray.exceptions.RayActorError:  # the test ended and removed its gate
+                    pass
         super().__init__(model, engine_args)
         self.faults: list[Fault] = []
 

@@ -189,6 +189,7 @@ class EnginePool:
         self._issued = 0  # the last weight version handed out (loaded or not): never again
         self._last_update: WeightUpdate | None = None
         self._restarts = options.get("max_restarts", 0) != 0
+        self._stopped: set[int] = set()  # engines this pool killed, not restored since
 
         if options.get("max_restarts", 0) != 0:
             options["on_restart"] = self._on_restart
@@ -341,10 +342,13 @@ class EnginePool:
         self._open.set()
 
     async def _all(self, method: str, timeout: float, *args: Any) -> list[Any]:
-        """Call `method` on every engine; engines that died are skipped (a restarted one is
-        brought to the pool's state by `restore`), any other error raises."""
-        mesh_method: am.MeshMethod[..., Any] = getattr(self.mesh.methods, method)
-        values = await mesh_method.options(return_exceptions=True, timeout=timeout).all(*args)
+        """Call `method` on every live engine; engines that died, or are restarting, are
+        skipped (a restarted one is brought to the pool's state by `restore`, which runs after
+        this control operation: waiting here for its restart would only spend the timeout),
+        any other error raises."""
+        alive = self.mesh.load().alive  # a kill is seen a moment later: hence `_stopped`
+        ranks = [r for r in range(self.mesh.size) if alive[r] and r not in self._stopped]
+        values = await self._on_engines(ranks, method, timeout, *args)
         out = []
         for value in values:
             if isinstance(value, (am.ActorDiedError, am.NoLiveActorsError)):
@@ -472,6 +476,7 @@ class EnginePool:
     def _restart(self, rank: int) -> _updates.Restored:
         """Kill an engine whose weights are unknown: with restarts it comes back and is restored
         with the pool's weights before it serves; without, it is gone for good."""
+        self._stopped.add(rank)
         try:
             ray.kill(self.mesh.actors[rank], no_restart=not self._restarts)
         except Exception as err:  # noqa: BLE001 - already gone
@@ -503,6 +508,7 @@ class EnginePool:
 
     async def _restore(self, view: am.ActorMesh[Engine]) -> None:
         async with self._control:
+            self._stopped.discard(view.points[0].rank)
             ref = None
             if self._kept and self._spec is not None:
                 _, ref = await asyncio.to_thread(self._pack_and_put, self._kept, self._spec)
