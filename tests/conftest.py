@@ -3,6 +3,7 @@ check after every test that uses it: every mesh still open has given back every 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import weakref
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 import actormesh as am
+from actormesh import _loop
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
@@ -46,7 +48,19 @@ def ray_cluster() -> Iterator[None]:
         configure_logging=False,
     )
     yield
+    _shut_every_mesh()
     ray.shutdown()
+
+
+def _shut_every_mesh() -> None:
+    """Before Ray goes: shut down the meshes tests left open, and let the library's loop run
+    what that posted, so no thread of the library is calling Ray while it shuts down."""
+    for mesh in list(_meshes):
+        try:
+            mesh.shutdown()
+        except Exception:  # noqa: BLE001 - a mesh whose actors are gone already
+            pass
+    _loop.submit(asyncio.sleep(0)).result(timeout=30)
 
 
 @pytest.fixture(autouse=True)

@@ -31,7 +31,8 @@ def failure(fn: Any) -> str:
 
 
 def main() -> None:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)  # a cluster of its own, not the tests' session one
     named = am.ActorMesh(Worker, shape=2, name="outlives-ray", num_cpus=0.25)
     dropped = am.ActorMesh(Worker, shape=1, num_cpus=0.25)
     assert named.methods.f.choose(1).get(timeout=60) == 1
