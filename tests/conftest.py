@@ -11,11 +11,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import ray._private.auto_init_hook as _auto_init
 
 import actormesh as am
 from actormesh import _loop
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Never start a cluster implicitly: Ray's `.remote()`, `ray.get`, `ray.kill`... start a new
+# local one when none runs, and a thread still calling Ray after the session's ray.shutdown()
+# would then start a second cluster during teardown (the process later dies with status 1).
+# The library checks before it calls Ray; this makes any other such call fail instead.
+_auto_init.enable_auto_connect = False
 
 # Every mesh made in this session (by its constructor or `from_actors`), held weakly, so the
 # check below can find them.
@@ -32,7 +38,7 @@ am.ActorMesh._assemble = _recording_assemble  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[None]:
+def ray_cluster(pytestconfig: pytest.Config) -> Iterator[None]:
     import ray
 
     tests_dir = os.path.dirname(os.path.abspath(__file__))
@@ -49,7 +55,10 @@ def ray_cluster() -> Iterator[None]:
     )
     yield
     _shut_every_mesh()
-    ray.shutdown()
+    # Uncaptured: whatever Ray prints while it shuts down reaches the log.
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        ray.shutdown()
 
 
 def _shut_every_mesh() -> None:
