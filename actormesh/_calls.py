@@ -408,18 +408,16 @@ class Router:
             call.actor, call.epoch, call.started = actor, epoch, batch.started
             call.batch, call.index = batch, index
             items.append((call.method, call.args, call.kwargs))
-        if not _ray.connected():  # each goes alone, and fails there
-            self._give_back(actor, len(live))
-            for call in live:
-                self.send(actor, call)
-            return
         try:
+            if not _ray.connected():  # else Ray's `.remote()` would start a new cluster
+                raise MeshError(_ray.NOT_RUNNING)
             ref = batch.ref = self._send_batch_to(self.handles[actor], items)
             for call in live:
                 call.ref = call.out = ref
             ref._on_ready(batch.ended)
         except Exception:  # noqa: BLE001 - e.g. an argument that cannot be serialised
-            # Whose it is cannot be told: each call goes alone, and only that one fails.
+            # Whose it is cannot be told: each call goes alone, and only that one fails (each
+            # fails, Ray not running).
             self._give_back(actor, len(live))
             for call in live:
                 self.send(actor, call)

@@ -537,6 +537,19 @@ bool Scheduler::may_ride(const QueuedCall& call) const {
          (config_.sticky || !call.affinity);
 }
 
+// Of `actor`'s groups with a queue that `accept` lets through, the one whose first call is the
+// oldest (the lowest ticket); none if there is no such group.
+template <class Accept>
+std::optional<uint32_t> Scheduler::oldest_queue(uint32_t actor, Accept accept) const {
+  std::optional<uint32_t> best;
+  for (const Membership& m : memberships_[actor]) {
+    const Group& g = groups_[m.group];
+    if (g.queue.empty() || !accept(m.group)) continue;
+    if (!best || g.queue.front().ticket < groups_[*best].queue.front().ticket) best = m.group;
+  }
+  return best;
+}
+
 // Coalescing: after `first` was dispatched to `actor` (the last decision in `out`), the calls
 // that wait for `actor` (in any of its groups, oldest first) join its task while each may ride,
 // the task holds fewer than `coalesce` calls, the actor has a free call slot, and the expected
@@ -547,16 +560,11 @@ void Scheduler::add_mates(uint32_t actor, const QueuedCall& first, Drain& out) {
   const size_t opened = out.dispatched.size() - 1;
   double budget = config_.batch_budget_s - expected_s(first);
   while (out.dispatched[opened].calls < config_.coalesce && loads_.has_call_slot(actor)) {
-    uint32_t from = 0;
-    const QueuedCall* oldest = nullptr;
-    for (const Membership& m : memberships_[actor]) {
-      const Group& g = groups_[m.group];
-      if (!g.queue.empty() && (oldest == nullptr || g.queue.front().ticket < oldest->ticket)) {
-        from = m.group;
-        oldest = &g.queue.front();
-      }
-    }
-    if (oldest == nullptr || !may_ride(*oldest) || expected_s(*oldest) > budget) return;
+    const std::optional<uint32_t> found = oldest_queue(actor, [](uint32_t) { return true; });
+    if (!found) return;
+    const uint32_t from = *found;
+    const QueuedCall* oldest = &groups_[from].queue.front();
+    if (!may_ride(*oldest) || expected_s(*oldest) > budget) return;
     const QueuedCall mate = *oldest;
     budget -= expected_s(mate);
     groups_[from].queue.pop_front();
@@ -577,20 +585,14 @@ Drain Scheduler::drain_locked(uint32_t actor) {
   Drain out;
   std::vector<uint32_t> waiting;  // groups whose first call waits though a member is eligible
   while (!queued_.empty()) {
-    uint32_t best = 0;
-    const QueuedCall* oldest = nullptr;
-    for (const Membership& m : memberships_[actor]) {
-      const Group& g = groups_[m.group];
-      if (g.eligible == 0 || g.queue.empty()) continue;
-      if (std::find(waiting.begin(), waiting.end(), m.group) != waiting.end()) continue;
-      if (oldest == nullptr || g.queue.front().ticket < oldest->ticket) {
-        best = m.group;
-        oldest = &g.queue.front();
-      }
-    }
-    if (oldest == nullptr) break;
+    const std::optional<uint32_t> found = oldest_queue(actor, [&](uint32_t group) {
+      return groups_[group].eligible > 0 &&
+             std::find(waiting.begin(), waiting.end(), group) == waiting.end();
+    });
+    if (!found) break;
+    const uint32_t best = *found;
     Group& g = groups_[best];
-    const QueuedCall call = *oldest;
+    const QueuedCall call = g.queue.front();
     g.queue.pop_front();
     queued_.erase(call.ticket);
     std::optional<uint32_t> chosen;
@@ -642,18 +644,15 @@ void Scheduler::pipeline_backlog(uint32_t actor, Drain& out) {
       !loads_.has_call_slot(actor)) {
     return;
   }
-  uint32_t from = 0;
-  const QueuedCall* oldest = nullptr;  // the first call of the oldest group with a backlog
-  for (const Membership& m : memberships_[actor]) {
-    const Group& g = groups_[m.group];
-    if (g.holding || g.queue.size() < kBacklog * g.live) continue;
-    if (oldest == nullptr || g.queue.front().ticket < oldest->ticket) {
-      from = m.group;
-      oldest = &g.queue.front();
-    }
-  }
-  if (oldest == nullptr || oldest->affinity) return;
+  const std::optional<uint32_t> found = oldest_queue(actor, [&](uint32_t group) {
+    const Group& g = groups_[group];
+    return !g.holding && g.queue.size() >= kBacklog * g.live;
+  });
+  if (!found) return;
+  const uint32_t from = *found;
   Group& g = groups_[from];
+  const QueuedCall* oldest = &g.queue.front();  // the first call of the oldest backlog
+  if (oldest->affinity) return;
   const Others o = others_of(g, actor);
   if (o.count > 0 && a.low_s * o.rate > kSlower * o.count) return;
   const RecentTimes& recent = loads_.method(oldest->method).recent;

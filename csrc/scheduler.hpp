@@ -238,6 +238,8 @@ class Scheduler {
   void add_mates(uint32_t actor, const QueuedCall& first, Drain& out);
   uint32_t least_loaded_eligible(const Group& group) const;
   bool sticks(uint32_t group, uint32_t actor) const;
+  template <class Accept>
+  std::optional<uint32_t> oldest_queue(uint32_t actor, Accept accept) const;
   Drain drain_locked(uint32_t actor);
   void pipeline_backlog(uint32_t actor, Drain& out);
   void dispatch_queued(uint32_t group, uint32_t actor, const QueuedCall& call, Drain& out);
