@@ -20,7 +20,7 @@ $(VENV)/.base: pyproject.toml constraints.txt
 # ("operator torchvision::nms does not exist"). Text generation needs none of them, nor triton
 # (about 1 GB, no CPU backend), so they go.
 $(VENV)/.test: $(VENV)/.base
-	$(INSTALL) ".[test,dev,jax,torch,bench,vllm]" -q
+	$(INSTALL) ".[test,dev,jax,torch,bench,vllm,metrics]" -q
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
 	@touch $@
 

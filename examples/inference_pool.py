@@ -7,6 +7,8 @@ waiting at each replica and the rest in the native queue, so a slow replica neve
 import random
 import time
 
+import ray
+
 import actormesh as am
 
 
@@ -22,6 +24,7 @@ class Replica:
 
 
 if __name__ == "__main__":
+    ray.init()
     policy = am.Policy("sed", max_in_flight=2)
     with am.ActorMesh(Replica, shape=4, args=(0,), num_cpus=0.25, balancer=policy) as pool:
         pool.wait_ready()

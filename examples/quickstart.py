@@ -1,5 +1,7 @@
 """The README example: a 2x2 mesh, its three verbs, and a view."""
 
+import ray
+
 import actormesh as am
 
 
@@ -14,6 +16,7 @@ class Worker:
 
 
 if __name__ == "__main__":
+    ray.init()  # a local cluster; ray.init(address="auto") joins a running one
     with am.ActorMesh(Worker, shape={"dp": 2, "tp": 2}, num_cpus=0.5) as mesh:
         print(list(mesh.methods.f.all(1).get()))  # [2, 2, 2, 2]: every actor
         print(mesh.methods.f.choose(1).get())  # 2: from a free actor
