@@ -5,8 +5,9 @@ whose `__init__` takes the actor's identity first: it sets the environment and `
 before the user's `__init__` runs. Ray re-runs `__init__` with the same arguments on a restart, so
 a restarted actor comes back with the same rank, coordinates and environment.
 
-The subclass adds two methods, `RUN` (`mesh.run_in_actors`) and `_batch.BATCH` (calls that
-ride one Ray task), and nothing else that changes how Ray hosts the actor: no concurrency group
+The subclass adds `RUN` (`mesh.run_in_actors`) and the runner of tasks of several calls
+(`_runner.BATCH`, `_runner.STREAM`; `_runner.ASYNCIO` marks an asyncio class), and nothing else
+that changes how Ray hosts the actor: no concurrency group
 (deaths are learnt from Ray's GCS, see `_failures`), so a synchronous actor runs its methods on
 the thread that ran its `__init__`, as plain Ray actors do.
 """
@@ -17,14 +18,24 @@ import asyncio
 import dataclasses
 import inspect
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from typing import Any, TypeVar, cast
 
 import ray
 from ray._private.async_compat import has_async_methods
 
-from ._batch import BATCH, Item, run_concurrently, run_in_order
 from ._method import MethodDef
+from ._runner import (
+    ASYNCIO,
+    BATCH,
+    STREAM,
+    Item,
+    Packed,
+    run_concurrently,
+    run_in_order,
+    stream_concurrently,
+    stream_in_order,
+)
 from ._shape import Point, Shape, format_coords, parse_coords
 
 _current: Point | None = None
@@ -39,6 +50,7 @@ class Identity:
     rank: int
     dims: tuple[str, ...]
     sizes: tuple[int, ...]
+    max_concurrency: int | None = None  # an asyncio actor's bound, when not Ray's default
 
     @property
     def point(self) -> Point:
@@ -68,10 +80,15 @@ def current_rank() -> Point:
     return Point(int(rank), Shape(parse_coords(shape)))
 
 
+_ASYNC_DEFAULT = 1000  # Ray's max_concurrency of an asyncio actor
+_bound = _ASYNC_DEFAULT
+
+
 def _enter_mesh(identity: Identity) -> None:
-    global _current
+    global _current, _bound
     os.environ.update(identity.env())
     _current = identity.point
+    _bound = identity.max_concurrency or _ASYNC_DEFAULT
 
 
 RUN = "_actormesh_run"
@@ -112,21 +129,34 @@ def remote_class(cls: type[Any]) -> Any:
             result = fn(self, *args, **kwargs)
             return await result if inspect.isawaitable(result) else result
 
-        async def batch_async(self: Any, items: list[Item]) -> list[Any]:
-            return await run_concurrently(self, items)
+        async def batch_async(self: Any, items: list[Item]) -> list[Packed]:
+            return await run_concurrently(self, items, _bound)
+
+        async def stream_async(self: Any, items: list[Item]) -> AsyncIterator[tuple[int, Packed]]:
+            async for reported in stream_concurrently(self, items, _bound):
+                yield reported
+
+        def asyncio_marker(self: Any) -> bool:
+            return True
 
         namespace[RUN] = run_async
         namespace[BATCH] = batch_async
+        namespace[STREAM] = stream_async
+        namespace[ASYNCIO] = asyncio_marker
     else:
         def run(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             result = fn(self, *args, **kwargs)
             return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
 
-        def batch(self: Any, items: list[Item]) -> list[Any]:
+        def batch(self: Any, items: list[Item]) -> list[Packed]:
             return run_in_order(self, items)
+
+        def stream(self: Any, items: list[Item]) -> Iterator[tuple[int, Packed]]:
+            yield from stream_in_order(self, items)
 
         namespace[RUN] = run
         namespace[BATCH] = batch
+        namespace[STREAM] = stream
     return ray.remote(type(cls.__name__, (cls,), namespace))
 
 

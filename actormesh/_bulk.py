@@ -1,7 +1,8 @@
 """Many futures at once, as Ray users read many refs: `am.get` and `am.wait`.
 
 `get` waits for the futures, then reads every value still unread in ONE `ray.get` of the
-distinct ObjectRefs behind them (a batch that several of them rode is read once), instead of one
+ObjectRefs of the lone calls among them (a call that rode a task with others is read from what
+its task returned, which is already here), instead of one
 wait and one read per future. `wait` returns as soon as enough futures are done, with one
 sleeping waiter woken by the calls' completions.
 """
@@ -18,7 +19,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 
 from . import _ray
-from ._batch import Batch
+from ._calls import LONE, Task
 from ._future import MeshFuture
 from ._result import Result
 
@@ -74,48 +75,39 @@ def wait(futures: Sequence[MeshFuture[R]], num_returns: int = 1,
 
 
 def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bool:
-    """Wait for the single-call futures and read every value they still lack in one `ray.get`
-    of the distinct refs; False if the deadline passed first. On any error the futures are left
-    to read themselves, in order."""
-    lone: list[tuple[MeshFuture[Any], Any]] = []
-    batches: dict[int, Batch] = {}
+    """Wait for the single-call futures and read every lone call's value they still lack in
+    one `ray.get`; False if the deadline passed first. On any error the futures are left to
+    read themselves, in order."""
+    lone: list[tuple[MeshFuture[Any], Task]] = []
     for future in futures:
         if future._combine is not None or not future._unread():
             continue
         call = future._calls[0]
+        task = call.task
         # A lone call already sent is read as soon as its value exists (see `_calls.read_sent`);
         # any other waits for its end, which may be a failure, a retry, its own timeout or (a
         # hedged call) the end of its other copy.
-        if call.batch is not None or call.ref is None or call.deadline is not None \
-                or call.hedge is not None:
+        if task is None or task.wire != LONE or call.fn is not None \
+                or call.deadline is not None or call.hedge is not None:
             if not future._future.wait(_left(deadline)):
                 return False
-        if future._future.done() and future._future.exception() is not None:
             continue
-        batch = call.batch
-        if batch is None:
-            lone.append((future, call.sender().ref))
-        elif batch.unread():
-            batches[id(batch)] = batch
-    if not lone and not batches:
+        lone.append((future, task))
+    if not lone:
         return True
-    refs = [ref for _, ref in lone] + [b.ref for b in batches.values()]
     if not _ray.connected():
         return True  # each future reads its own outcome, and is refused there
     try:
-        values = ray.get(refs, timeout=_left(deadline))
+        values = ray.get([task.ref for _, task in lone], timeout=_left(deadline))
     except GetTimeoutError:
         return False
     except RayError:
         return True  # some call failed: each future reads (and raises) its own outcome
-    for (future, ref), value in zip(lone, values):
-        call = future._calls[0]
-        call.router.read_ended(call, ref, timed=False)  # read together: each end is unknown
+    for (future, task), value in zip(lone, values):
+        task.router.read_ended(task, timed=False)  # read together: each end is unknown
         future._future.wait()  # ended: here, or by Ray's callback a moment from now
-        if future._future.exception() is None:
+        if future._future.exception() is None and future._future.result()[0] is task:
             future._provide(value)
-    for batch, value in zip(batches.values(), values[len(lone):]):
-        batch.store(value)
     return True
 
 

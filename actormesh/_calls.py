@@ -1,31 +1,24 @@
-"""The call path: from a verb to one Ray actor call and back, keeping the load table exact.
+"""The call path: calls, the Ray tasks that carry them (1..N calls each), and how a task ends.
 
-    mesh.methods.f.choose(x)                  _method.MeshMethod: the verbs, written once
-      Router.route(call)                      the native scheduler picks an actor
-        picked now:   Router._send            handle.f.remote(x); ref._on_ready(call.ended)
-        no free slot: the call waits in the scheduler's queue, which holds it
-      ... Ray's completion thread:
-      Call.ended -> Router._ended             free the slot, learn how the call ended,
-                                              settle call.future with the ObjectRef;
-                                              the rest goes to the loop thread (_loop):
-                                              queued calls the slot went to, a death, a retry
-        the slot went to waiting calls:       Router._send_batch sends those that wait for the
-                                              same actor as ONE Ray task (_batch.Batch), ended
-                                              by one callback, Batch.ended -> Router._ended_batch
-    MeshFuture.get() -> read(call)            ray.get(ref) on the caller's thread (a batch's
-                                              value is read once, each call takes its element),
-                                              errors named with the actor's rank and coordinates;
-                                              a lone call is read as soon as its value exists
-                                              (read_sent), and ended there if Ray's callback
-                                              has not ended it yet
+    mesh.methods.f.choose(x)        _method.MeshMethod.choose: a Call, Router.route(call)
+      Router.route                  the native scheduler picks an actor (or queues the call:
+                                    a freed slot drains the queue and the loop thread sends
+                                    each decision's calls together, `_send_decisions`)
+      Router.send_task              ONE send: a Task of 1..N calls, ONE Ray call (Task.send)
+      ... the task ends ONCE (Task.claim): Ray's callback, or the caller of a lone call that
+      read its value first (read_sent)
+      Router.end(task, outcomes)    ONE end: the scheduler frees the task's slots, counting each
+                                    call's success or failure; each call is settled, retried
+                                    (its actor was lost) or re-sent (it never started)
+    MeshFuture.get() -> read(call)  the call's value or error, on the caller's thread
 
-`all` and `shard` send one call per actor with `Router.send`; their future settles once every
-part has ended, and its first reader reads and combines the parts (`_future`). A call's slot is
-freed exactly once, when it ends, whatever the outcome; a call is settled exactly once (a second
-outcome, e.g. after a timeout, is dropped). A cancelled call is never sent again, and one that
-was sent is cancelled in its actor where Ray can (`Router.cancel_sent`). Calls only ride
-together when they waited: one that finds a free slot is sent alone at once. A hedged call may
-have a second copy, a `Call` of its own sharing its future (`_hedge` draws that path).
+How a task travels (`Task.wire`) depends on the actor and the calls, never on what follows:
+LONE, one call as the Ray call of its own method (Ray's options, concurrency group, cancel and
+retries as for any Ray call); LIST, several calls through a method the mesh's actor class
+gains (`_runner.BATCH`) or Ray's `__ray_call__`, each call's outcome packed apart in the actor;
+STREAM, the same reported call by call (`_runner.STREAM`), for a task expected to run long, so
+that a call that finished reaches its caller even if the actor dies later in the task.
+Hedged calls (`_hedge`) reach this module through `Router.send_copy` and `Call.twin` only.
 """
 
 from __future__ import annotations
@@ -38,11 +31,11 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import ray
+from ray import cloudpickle
 from ray.exceptions import RayError
 
-from . import _loop, _native, _ray
+from . import _loop, _native, _ray, _runner
 from ._balancer import SessionKeys
-from ._batch import Batch, Item, SendBatch
 from ._errors import MeshError, MeshTimeoutError, NoLiveActorsError, from_ray
 from ._failures import Failures
 from ._hedge import Hedges
@@ -53,90 +46,13 @@ log = logging.getLogger("actormesh")
 
 _NO_KWARGS: dict[str, Any] = {}  # never written to
 
-
-class Call:
-    """One call to one actor: what to send, where it may go, and the future of its outcome.
-
-    `future` settles with the call's ObjectRef once the call has ended (its value is read by
-    whoever asks, see `read`), or with an error if it never ran to its end (cancelled, timed
-    out, no actor to take it, the mesh shut down). A hedged call's second copy is a `Call` too
-    (`copy` set), with the same future: the first of the two to end settles it.
-    """
-
-    __slots__ = ("router", "method", "method_id", "alone", "fn", "args", "kwargs", "target", "key",
-                 "affinity", "retries", "hedge", "twin", "copy", "future", "actor", "epoch",
-                 "ticket", "ref", "out", "started", "outcome", "finished", "deferred", "batch",
-                 "index", "deadline", "_point", "__weakref__")
-
-    def __init__(self, router: Router, method: str, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], *, point: Point | None = None,
-                 target: Routed | None = None, key: Hashable | None = None, retries: int = 0,
-                 fn: SendFn | None = None, method_id: int = 0, alone: bool = False,
-                 hedge: float | None = None) -> None:
-        self.router = router
-        self.method = method
-        self.method_id = method_id  # the scheduler's id of `method` (`Router.method_id`)
-        # Never rides a batch: an ObjectRef argument Ray must resolve, a call `fn` makes, or a
-        # hedged call (cancelling one of its copies must never cancel another call).
-        self.alone = alone or fn is not None or hedge is not None
-        self.fn = fn  # makes the Ray call itself, given the actor's handle (ActorPool.submit)
-        self.args = args
-        self.kwargs = kwargs
-        self.target = target  # the view `choose` routes in (its group); None: sent directly
-        self.key = key  # the affinity key as given; `affinity` is what the core routes by
-        self.affinity = None if key is None else router.sessions.id_of(key)
-        self.retries = retries
-        self.hedge = hedge  # None, or the delay before a second copy (`_hedge.LEARNT`)
-        self.twin: Call | None = None  # the other copy of a hedged call, once there is one
-        self.copy = False  # this is the second copy
-        self.future: Result[Any] = Result()
-        self.actor = -1  # set with `epoch`, `ref` and `started` when sent
-        self.epoch = 0
-        self.ticket = 0  # set while the call waits in the scheduler's queue
-        self.ref: ray.ObjectRef[Any] | None = None  # what the end of the call is watched on
-        self.out: Any = None  # what its value is read from: `ref`, or the refs `fn` returned
-        self.started = 0.0
-        self.outcome = _ray.OK  # how it ended (`_ray.outcome`), once it has
-        self.finished = False  # its latest send has been seen to end (see `_finishes`)
-        # Lost while its hedge copy ran: the copy's end settles the call (see `Router._end`).
-        self.deferred = False
-        self.batch: Batch | None = None  # the batch it rode, if it did; `index` its place there
-        self.index = 0
-        self.deadline: float | None = None  # `time.monotonic()` when its own timeout fails it
-        self._point = point
-
-    @property
-    def point(self) -> Point:
-        """The called actor's point in the mesh it was called through (known once sent): for a
-        hedged call, the actor of the copy that gave the result."""
-        if self._point is None:
-            sender = self.sender()
-            if self.target is None or sender.actor < 0:
-                raise RuntimeError(f"{self.method}: the call was never sent to an actor")
-            self._point = self.target.point_of(sender.actor)
-        return self._point
-
-    def sender(self) -> Call:
-        """The copy whose ObjectRef the settled future holds: this call, or its hedge copy."""
-        twin = self.twin
-        if twin is None or not self.future.done() or self.future.exception() is not None:
-            return self
-        return twin if twin.out is self.future.result() else self
-
-    def error(self, error: RayError) -> BaseException:
-        """`error`, which the call ended with, as actormesh raises it: naming the actor's rank and
-        coordinates in the whole mesh."""
-        return from_ray(self.router.points[self.actor], self.method, error)
-
-    def ended(self, error: BaseException | None) -> None:
-        """Ray's `_on_ready` callback: the call has ended (`error`: its value will never exist)."""
-        self.router._ended(self, error)
-
-    def settle(self, out: Any) -> None:
-        self.future.set_result(out)
-
-    def fail(self, error: BaseException) -> None:
-        self.future.set_exception(error)
+# How a task travels (see the module docstring).
+LONE, LIST, STREAM = 0, 1, 2
+# A task expected to run longer than this reports each call as it ends (STREAM).
+STREAM_ABOVE_S = 0.005
+# An outcome of a call the actor did not start (`_runner.Skipped`): it goes again, alone.
+SKIPPED = -1
+_LOST = (_ray.DIED, _ray.UNAVAILABLE)
 
 
 class Routed(Protocol):
@@ -151,48 +67,213 @@ SendFn = Callable[..., Any]
 """`fn(actor_handle, *args)` making a Ray call and returning its ObjectRef (or a list of them)."""
 
 
-def _first_ref(out: Any, what: str) -> ray.ObjectRef[Any]:
-    refs = out if isinstance(out, list) else [out]
-    if not refs or not all(isinstance(r, ray.ObjectRef) for r in refs):
-        raise TypeError(f"{what} returned {out!r}: it must return the ObjectRef of the Ray call "
-                        "it made (or a list of them)")
-    first: ray.ObjectRef[Any] = refs[0]
-    return first
+class Call:
+    """One call of a method, for one actor: what to send, where it may go, and the future of
+    its outcome, which settles with `(task, index)` (where its value is read) once the call has
+    ended, or with an error if it never ran to its end (cancelled, timed out, no actor)."""
+
+    __slots__ = ("router", "method", "method_id", "rides", "fn", "args", "kwargs", "target",
+                 "key", "affinity", "retries", "hedge", "future", "ticket", "deadline",
+                 "outcome", "task", "index", "twin", "_point", "__weakref__")
+
+    def __init__(self, router: Router, method: str, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], *, point: Point | None = None,
+                 target: Routed | None = None, key: Hashable | None = None, retries: int = 0,
+                 fn: SendFn | None = None, method_id: int = 0, alone: bool = False,
+                 hedge: float | None = None) -> None:
+        self.router = router
+        self.method = method
+        self.method_id = method_id  # the scheduler's id of `method` (`Router.method_id`)
+        # May share a task with other calls: not a call `fn` makes, not a hedged call
+        # (cancelling one copy must cancel nothing else), no ObjectRef argument (Ray resolves
+        # those for a task's own arguments only), not a method that must go alone.
+        self.rides = not (alone or fn is not None or hedge is not None) \
+            and router.may_ride(method)
+        self.fn = fn  # makes the Ray call itself, given the actor's handle (ActorPool.submit)
+        self.args = args
+        self.kwargs = kwargs
+        self.target = target  # the view `choose` routes in (its group); None: sent directly
+        self.key = key  # the affinity key as given; `affinity` is what the core routes by
+        self.affinity = None if key is None else router.sessions.id_of(key)
+        self.retries = retries
+        self.hedge = hedge  # None, or the delay before a second copy (`_hedge.LEARNT`)
+        self.future: Result[tuple[Task, int]] = Result()
+        self.ticket = 0  # set while the call waits in the scheduler's queue
+        self.deadline: float | None = None  # `time.monotonic()` when its own timeout fails it
+        self.outcome = _ray.OK  # how its latest send ended (`_ray.outcome`), once it has
+        self.task: Task | None = None  # the task of its latest send, and its place there
+        self.index = 0
+        self.twin: Call | None = None  # a hedged call's other copy (sharing `future`)
+        self._point = point
+
+    @property
+    def actor(self) -> int:
+        """The actor of the latest send (-1 before any)."""
+        task = self.task
+        return -1 if task is None else task.actor
+
+    @property
+    def point(self) -> Point:
+        """The called actor's point in the mesh it was called through (known once sent): for a
+        hedged call, the actor of the copy that gave the result."""
+        if self._point is None:
+            sender = self.sender()
+            if self.target is None or sender.actor < 0:
+                raise RuntimeError(f"{self.method}: the call was never sent to an actor")
+            self._point = self.target.point_of(sender.actor)
+        return self._point
+
+    def sender(self) -> Call:
+        """The copy whose outcome the settled future holds: this call, or its hedge copy."""
+        twin = self.twin
+        if twin is None or not self.future.done() or self.future.exception() is not None:
+            return self
+        return twin if self.future.result()[0] is twin.task else self
+
+    def error(self, error: BaseException) -> BaseException:
+        """`error`, which the call ended with, as actormesh raises it: naming the actor's rank and
+        coordinates in the whole mesh."""
+        return from_ray(self.router.points[self.actor], self.method, error)
+
+    def fail(self, error: BaseException) -> None:
+        self.future.set_exception(error)
+
+
+class Task:
+    """One Ray task: calls sent together to one actor. It ends once (`claim`), with each call's
+    outcome; its calls' values are read from it by their callers (`value`)."""
+
+    __slots__ = ("router", "calls", "actor", "epoch", "started", "wire", "ref", "out",
+                 "results", "_claims", "__weakref__")
+
+    def __init__(self, router: Router, calls: list[Call], actor: int, wire: int) -> None:
+        self.router = router
+        self.calls = calls  # until it has ended
+        self.actor = actor
+        self.epoch = router.failures.epochs[actor]
+        self.started = 0.0
+        self.wire = wire
+        self.ref: Any = None  # what its end is watched on (a generator's completion: STREAM)
+        self.out: Any = None  # LONE: what the Ray call returned (the refs `fn` returned)
+        self.results: list[Any] = []  # LIST/STREAM: each call's packed outcome (`_runner`)
+        self._claims = [True]  # one to take: whoever ends the task (see `claim`)
+
+    def claim(self) -> bool:
+        """Whether the caller is the first to end this task (Ray's callback, or a reader that
+        got a lone call's value first): exactly one of them ends it. Atomic: `list.pop`."""
+        try:
+            return self._claims.pop()
+        except IndexError:
+            return False
+
+    def ended(self) -> bool:
+        return not self._claims
+
+    # -- Ray's completion thread: short, never waits, never runs user code ----------------------
+    def _ready(self, error: BaseException | None) -> None:
+        """LONE: the call's object exists (`error`: it never will)."""
+        if not self.claim():
+            return
+        try:
+            outcome = _ray.FAILED if error is not None else _ray.outcome(self.ref)
+        except BaseException as err:  # a bug here must not leave the call unsettled
+            log.exception("actormesh: ending %s failed", self.calls[0].method)
+            outcome, error = _ray.FAILED, err
+        self.router.end(self, [outcome], error)
+
+    def _listed(self, envelope: Any) -> None:
+        """LIST: the task's value, every call's packed outcome (or the error it ended with)."""
+        if not self.claim():
+            return
+        if isinstance(envelope, BaseException):
+            self.router.end(self, [_failed(envelope)] * len(self.calls), envelope)
+        else:
+            self.results = envelope
+            self.router.end(self, [_packed_outcome(p) for p in envelope], None)
+
+    def _streamed(self, error: BaseException | None) -> None:
+        """STREAM: the task has ended; what it reported is read on the loop thread."""
+        _loop.post(self._collect, error)
+
+    def _collect(self, error: BaseException | None) -> None:
+        """Each call the task reported ended as reported; the others ended as the task did (an
+        error, or lost with its actor): they never finished."""
+        if not self.claim():
+            return
+        calls = len(self.calls)
+        results: list[Any] = [None] * calls
+        outcomes = [_ray.FAILED] * calls
+        try:
+            for index, packed in _ray.stream_items(self.out):
+                results[index], outcomes[index] = packed, _packed_outcome(packed)
+            _ray.get(self.ref)  # the generator's own end: raises how the task failed
+        except Exception as err:  # noqa: BLE001 - a RayError, or Ray shutting down
+            error = err
+        if error is not None:
+            unfinished = _failed(error)
+            outcomes = [unfinished if results[i] is None else outcomes[i] for i in range(calls)]
+        self.results = results
+        self.router.end(self, outcomes, error)
+
+    # -- the caller's thread ------------------------------------------------------------------
+    def value(self, index: int, method: str) -> Any:
+        """Call `index`'s value, its error raised as the call of `method` would raise it alone."""
+        call_error: BaseException | None
+        if self.wire == LONE:
+            try:
+                return _ray.get(self.out)
+            except RayError as err:
+                call_error = err
+        else:
+            value, call_error = _runner.unpack(self.results[index])
+            if call_error is None:
+                return value
+        raise from_ray(self.router.points[self.actor], method, call_error) from None
+
+    def own_ref(self, index: int) -> ray.ObjectRef[Any]:
+        """An ObjectRef of call `index`'s own value: the Ray call's, or one put for it."""
+        if self.wire == LONE:
+            ref: ray.ObjectRef[Any] = self.ref
+            return ref
+        value, error = _runner.unpack(self.results[index])
+        return ray.put(error if error is not None else value)  # an error as Ray stores one
+
+
+def _failed(error: BaseException) -> int:
+    """The outcome of every call of a task that ended with `error`."""
+    from ray import exceptions as rx
+
+    if isinstance(error, rx.ActorUnavailableError):
+        return _ray.UNAVAILABLE
+    if isinstance(error, (rx.RayActorError, rx.WorkerCrashedError, rx.NodeDiedError)):
+        return _ray.DIED
+    if isinstance(error, rx.TaskCancelledError):
+        return _ray.CANCELLED
+    return _ray.FAILED
+
+
+def _packed_outcome(packed: Any) -> int:
+    if isinstance(packed, _runner.Raised):
+        return _ray.RAISED
+    if isinstance(packed, _runner.Skipped):
+        return SKIPPED
+    return _ray.OK
 
 
 def read(call: Call) -> Any:
     """The value of a call that has ended: its error (mapped) raised, else its value read."""
-    ref = call.future.result()
-    batch = call.batch
-    if batch is None:
-        try:
-            return _ray.get(ref)
-        except RayError as err:
-            raise call.sender().error(err) from None
-    value, error = batch.element(call.index)
-    if error is not None:
-        raise call.error(error) from None
-    return value
+    task, index = call.future.result()
+    return task.value(index, call.method)
 
 
 def own_ref(call: Call) -> ray.ObjectRef[Any] | None:
-    """The ObjectRef of `call`'s own value: its Ray call's, or for a call that rode a batch
-    (whose task holds every call's value), one put for it once it has ended, on first use. A
-    call still waiting for a slot is waited for; None if it never ran (it failed first)."""
-    if call.ref is None or call.hedge is not None:  # a hedged call: whichever copy wins
-        call.future.wait()
-    batch = call.batch
-    if batch is None:
-        return call.sender().ref
+    """The ObjectRef of `call`'s own value, once it has ended (waited for); None if it never ran
+    (it failed first)."""
     call.future.wait()
-    if call.out is batch.ref:
-        value, error = batch.element(call.index)
-        put = ray.put(error if error is not None else value)
-        with _finishing:
-            if call.out is batch.ref:
-                call.out = put
-    own: ray.ObjectRef[Any] = call.out
-    return own
+    if call.future.exception() is not None:
+        return None
+    task, index = call.future.result()
+    return task.own_ref(index)
 
 
 NOT_READ: Any = object()
@@ -200,18 +281,20 @@ NOT_READ: Any = object()
 
 def read_sent(call: Call, timeout: float | None) -> Any:
     """The value of a lone call already sent, read as soon as it exists: `ray.get` of its ref
-    wakes the caller as Ray's own reply does, instead of after the completion callback has
-    run on Ray's thread and woken it in turn. Whichever of the two sees the end first ends the
-    call (frees its slot, settles its future), so the load is exact when this returns.
+    wakes the caller as Ray's own reply does, instead of after the completion callback has run
+    on Ray's thread and woken it in turn. Whichever of the two sees the end first ends the task
+    (`Task.claim`), so the load is exact when this returns.
 
-    NOT_READ when that cannot tell the outcome: not sent alone yet, an error (a lost call may
-    be retried: its future tells), `timeout` or the call's own deadline passed, or it was
-    cancelled or timed out meanwhile; and for a hedged call, whose second copy may end first.
-    The caller then waits for the future.
+    NOT_READ when that cannot tell the outcome: not sent alone yet, an error (a lost call may be
+    retried: its future tells), `timeout` or the call's own deadline passed, or it was cancelled
+    or timed out meanwhile; and for a hedged call, whose other copy may end first. The caller
+    then waits for the future.
     """
-    ref = call.ref
-    if ref is None or call.batch is not None or call.hedge is not None:
+    task = call.task
+    if task is None or task.wire != LONE or call.fn is not None or call.hedge is not None \
+            or task.ref is None:
         return NOT_READ
+    ref = task.ref
     if call.deadline is not None:
         left = max(call.deadline - time.monotonic(), 0.0)
         timeout = left if timeout is None else min(timeout, left)
@@ -222,25 +305,27 @@ def read_sent(call: Call, timeout: float | None) -> Any:
         value = ray.get(ref, timeout=timeout)
     except RayError:  # GetTimeoutError included
         return NOT_READ
-    call.router.read_ended(call, ref, timed=not late)
+    call.router.read_ended(task, timed=not late)
     call.future.wait()  # settled once ended, here or (a moment later) by Ray's callback
     return NOT_READ if call.future.exception() is not None else value
 
 
 class Router:
-    """Sends the calls of one mesh (shared by all its views) and ends them."""
+    """Sends the calls of one mesh (shared by all its views) as tasks, and ends them."""
 
     def __init__(self, handles: Sequence[Any], points: Sequence[Point],
                  scheduler: _native.Scheduler, *, defer_drain: bool,
-                 restart_timeout_s: float, send_batch: SendBatch) -> None:
+                 restart_timeout_s: float) -> None:
         self.handles = list(handles)
         self.points = list(points)
         self.scheduler = scheduler
-        self.coalesces = scheduler.coalesce > 1
         self.sessions = SessionKeys(scheduler.affinity_capacity)
+        self._actors = [_ActorKind(h) for h in self.handles]
+        self.coalesces = scheduler.coalesce > 1 and any(k.batches for k in self._actors)
+        # Methods whose calls must go alone: Ray options of their own, or a concurrency group.
+        self._alone: set[str] = {m for k in self._actors for m in k.alone_methods}
         # Over actors that run calls in order, a copy that lost cannot be taken out of an
-        # actor's queue (`cancel_sent`): a call is hedged only once it runs, and its copy goes
-        # only to an idle actor (`_hedge`).
+        # actor's queue (`cancel_sent`): a call is hedged only once it runs (`_hedge`).
         self.in_order = not all(_ray.runs_calls_at_once(h) for h in self.handles)
         self.hedges = Hedges(self, in_order=self.in_order)
         # When each actor last ended a task: a call waiting behind another in an actor that runs
@@ -250,7 +335,6 @@ class Router:
         self._holds = scheduler.may_hold
         self._hold_timer_at = math.inf
         self._hold_lock = threading.Lock()
-        self._send_batch_to = send_batch
         self._method_ids: dict[str, int] = {}
         self._method_ids_lock = threading.Lock()
         self.failures = Failures(
@@ -271,6 +355,9 @@ class Router:
         if self.closed:
             raise MeshError(f"{method}: the mesh is shut down")
 
+    def may_ride(self, method: str) -> bool:
+        return self.coalesces and method not in self._alone
+
     def method_id(self, method: str, alone: bool) -> int:
         """The scheduler's id of `method`, registered on first use (`alone`: its calls never
         ride a batch): calls of one method share a service-time estimate."""
@@ -279,6 +366,7 @@ class Router:
             with self._method_ids_lock:
                 known = self._method_ids.get(method)
                 if known is None:
+                    alone = alone or not self.may_ride(method)
                     known = self._method_ids[method] = self.scheduler.add_method(alone)
         return known
 
@@ -295,11 +383,11 @@ class Router:
             per_actor = min(per_actor, slots)
         return 2 * actors * per_actor
 
-    # -- sending ------------------------------------------------------------------------------
+    # -- sending: one path, whatever the number of calls ----------------------------------------
     def send(self, actor: int, call: Call) -> None:
         """Send `call` to `actor` (the caller chose it), counted whatever the slot limit."""
         self.scheduler.acquire(actor)
-        self._send(actor, call, fresh=True)
+        self.send_task(actor, [call])
 
     def route(self, call: Call) -> None:
         """Let the scheduler pick the actor for `call`, now or when a slot frees."""
@@ -312,7 +400,7 @@ class Router:
         assert call.target is not None
         try:
             decision = self.scheduler.submit(call.target.group, call.affinity, call,
-                                             time.perf_counter(), call.method_id, call.alone)
+                                             time.perf_counter(), call.method_id, not call.rides)
         except _native.NoLiveActors as err:
             call.fail(NoLiveActorsError(f"{call.method}: {err}"))
             return
@@ -320,121 +408,115 @@ class Router:
             call.fail(err)
             return
         if decision.actor >= 0:
-            self._send(decision.actor, call, fresh=True)
+            self.send_task(decision.actor, [call])
         else:
             call.ticket = decision.ticket
             if self._holds:
                 self._watch_holds()
 
-    def _send(self, actor: int, call: Call, fresh: bool = False) -> None:
-        """Send `call` to `actor`, whose slot it holds. A call that waited (not `fresh`) may have
-        been cancelled or timed out meanwhile: then its slot is given back instead."""
-        call.ticket = 0
-        if not fresh and call.future.done():
-            self._give_back(actor)
+    def send_task(self, actor: int, calls: list[Call]) -> None:
+        """Send `calls` to `actor` as one Ray task; they hold one task slot and a call slot
+        each. Calls cancelled or timed out while they waited give their slots back; one that
+        cannot be serialised fails alone and the others go in the same slots."""
+        live: list[Call] = []
+        for call in calls:
+            call.ticket = 0
+            if call.future.done():
+                continue
+            live.append(call)
+        if len(live) < len(calls):
+            self._give_back(actor, len(calls) - len(live), task=not live)
+        if not live:
             return
-        call.actor = actor
-        call.epoch = self.failures.epochs[actor]
-        call.batch = None
-        call.finished = False
-        call.started = time.perf_counter()
+        task = Task(self, live, actor, self._actors[actor].wire(live, self))
+        for index, call in enumerate(live):
+            call.task, call.index = task, index
         try:
             if not _ray.connected():  # else Ray's `.remote()` would start a new cluster
-                raise MeshError(f"{call.method}: {_ray.NOT_RUNNING}")
+                raise MeshError(f"{live[0].method}: {_ray.NOT_RUNNING}")
+            self._send(task)
+        except Exception as err:  # noqa: BLE001 - e.g. an argument that cannot be serialised
+            self._unsendable(task, err)
+            return
+        if any(call.future.done() for call in live):  # cancelled while being sent: unseen
+            self.cancel_sent(task)
+        for call in live:
+            if call.hedge is not None and call.twin is None:
+                self.hedges.arm(call)
+            elif not call.retries:  # Ray holds what it sent; free the caller's objects
+                call.args, call.kwargs = (), _NO_KWARGS
+
+    def _send(self, task: Task) -> None:
+        """The task's one Ray call, and the callback that ends it."""
+        actor, calls = task.actor, task.calls
+        handle = self.handles[actor]
+        task.started = time.perf_counter()
+        if task.wire == LONE:
+            call = calls[0]
             if call.fn is None:
                 remote = self._remote.get((actor, call.method))
                 if remote is None:
-                    remote = self._remote[(actor, call.method)] = getattr(self.handles[actor],
-                                                                          call.method)
-                out = ref = remote.remote(*call.args, **call.kwargs)
+                    remote = self._remote[(actor, call.method)] = getattr(handle, call.method)
+                task.out = task.ref = remote.remote(*call.args, **call.kwargs)
             else:
-                out = call.fn(self.handles[actor], *call.args)
-                ref = _first_ref(out, call.method)
-            call.ref, call.out = ref, out
-            ref._on_ready(call.ended)
-        except Exception as err:  # e.g. an argument that cannot be serialised
-            self._give_back(actor)
-            if not call.copy:
-                call.fail(err)
-                return
-            log.warning("actormesh: a hedge copy of %s could not be sent: %s", call.method, err)
-            with _finishing:
-                call.finished = True
-                first = call.twin
-                orphaned = first is not None and first.deferred
-            if orphaned and first is not None and not self._retried(first):
-                first.fail(err)  # the first copy was lost meanwhile and left the call to this one
+                task.out = call.fn(handle, *call.args)
+                task.ref = _first_ref(task.out, call.method)
+            task.ref._on_ready(task._ready)
             return
-        if call.future.done():  # cancelled (or, a copy, won) while being sent: `ref` was unseen
-            self.cancel_sent(call)
-        elif call.hedge is not None and call.twin is None:
-            self.hedges.arm(call)
-        if not call.retries and (call.hedge is None or call.twin is not None):
-            # Ray holds what it sent; free the caller's objects with its future (a hedged call
-            # keeps them for its copy)
-            call.args, call.kwargs = (), _NO_KWARGS
+        items = [(c.method, c.args, c.kwargs) for c in calls]
+        name = _task_name(calls)
+        if task.wire == STREAM:
+            task.out = getattr(handle, _runner.STREAM)._remote(
+                args=(items,), name=name, num_returns="streaming",
+                max_task_retries=0)
+            task.ref = task.out.completed()
+            task.ref._on_ready(task._streamed)
+        elif self._actors[actor].runner:
+            task.ref = getattr(handle, _runner.BATCH)._remote(
+                args=(items,), name=name, max_task_retries=0)
+            task.ref._on_completed(task._listed)
+        else:
+            task.ref = handle.__ray_call__._remote(
+                args=(_runner.run_in_actor, items), name=name, max_task_retries=0)
+            task.ref._on_completed(task._listed)
+
+    def _unsendable(self, task: Task, error: BaseException) -> None:
+        """The task could not be sent: the calls whose arguments cannot be serialised fail with
+        `error`; the others (if any) go again as one task in the same slots."""
+        calls = task.calls
+        task.claim()
+        if len(calls) == 1 or not _ray.connected():
+            self._give_back(task.actor, len(calls))
+            for call in calls:
+                call.fail(error)
+            return
+        bad = [c for c in calls if not _serialisable(c)]
+        if not bad:  # whose it is cannot be told: each fails
+            bad = calls
+        self._give_back(task.actor, len(bad), task=len(bad) == len(calls))
+        for call in bad:
+            call.fail(error)
+        good = [c for c in calls if c not in bad]
+        if good:
+            self.send_task(task.actor, good)
 
     def send_copy(self, actor: int, call: Call) -> None:
         """Send a second copy of the hedged `call` to `actor`, whose slot the scheduler counted
-        for it (loop thread). It shares the call's future: the first copy to end settles it."""
+        for it (loop thread). It shares the call's future (see `end` for which copy wins)."""
         copy = Call(self, call.method, call.args, call.kwargs, target=call.target,
                     method_id=call.method_id, alone=True)
         copy.future = call.future
-        copy.twin, copy.copy = call, True
-        call.twin = copy
+        copy.twin, call.twin = call, copy
+        copy.hedge = call.hedge
         if not call.retries:
             call.args, call.kwargs = (), _NO_KWARGS
-        self._send(actor, copy)  # not sent, its slot given back, if the call ended meanwhile
-
-    def _send_batch(self, actor: int, calls: list[Call]) -> None:
-        """Send queued calls the scheduler gave `actor` together as one Ray task. Those cancelled
-        or timed out while they waited give their slots back; one left goes alone."""
-        for call in calls:
-            call.ticket = 0
-        live = [c for c in calls if not c.future.done()]
-        if len(live) < len(calls):
-            self._give_back(actor, len(calls) - len(live), task=not live)
-        if len(live) <= 1:
-            if live:
-                self._send(actor, live[0], fresh=True)
-            return
-        epoch = self.failures.epochs[actor]
-        method = live[0].method_id
-        if any(c.method_id != method for c in live):
-            method = 0
-        batch = Batch(self, live, actor, epoch, time.perf_counter(), method)
-        items: list[Item] = []
-        for index, call in enumerate(live):
-            call.actor, call.epoch, call.started = actor, epoch, batch.started
-            call.batch, call.index = batch, index
-            items.append((call.method, call.args, call.kwargs))
-        try:
-            if not _ray.connected():  # else Ray's `.remote()` would start a new cluster
-                raise MeshError(_ray.NOT_RUNNING)
-            ref = batch.ref = self._send_batch_to(self.handles[actor], items)
-            for call in live:
-                call.ref = call.out = ref
-            ref._on_ready(batch.ended)
-        except Exception:  # noqa: BLE001 - e.g. an argument that cannot be serialised
-            # Whose it is cannot be told: each call goes alone, and only that one fails (each
-            # fails, Ray not running).
-            self._give_back(actor, len(live))
-            for call in live:
-                self.send(actor, call)
-            return
-        for call in live:
-            if not call.retries:
-                call.args, call.kwargs = (), _NO_KWARGS
+        self.send_task(actor, [copy])  # not sent, its slot given back, if the call ended
 
     def _send_decisions(self, decisions: Sequence[_native.Decision]) -> None:
-        """Send the queued calls the scheduler has just given a slot (loop thread): one Ray task
-        per decision, a batch when the decision carries several calls."""
+        """Send the queued calls the scheduler has just given a slot (loop thread): one task per
+        decision."""
         for decision in decisions:
-            calls = decision.payloads
-            if len(calls) == 1:
-                self._send(decision.actor, decision.payload)
-            else:
-                self._send_batch(decision.actor, calls)
+            self.send_task(decision.actor, decision.payloads)
 
     def _give_back(self, actor: int, calls: int = 1, task: bool = True) -> None:
         """Free slots no call used: `calls` call slots, and with `task` their task's slot."""
@@ -512,92 +594,78 @@ class Router:
         self._fail_decisions(err.failed, err.__cause__ or err)
         return err.dispatched
 
-    # -- completion (Ray's thread: short, never waits, never runs user code) --------------------
-    def _ended(self, call: Call, error: BaseException | None) -> None:
-        if _finishes(call, call.ref):
-            self._end(call, error, None)
-
-    def read_ended(self, call: Call, ref: Any, *, timed: bool) -> None:
-        """The caller read a value of `call` sent as `ref`: it ended well, and unless Ray's
+    # -- the end: one path, whatever the number of calls (Ray's thread, or a reader's) ----------
+    def read_ended(self, task: Task, *, timed: bool) -> None:
+        """The caller read the value of the lone call of `task`: it ended well, and unless Ray's
         callback has seen that already, it ends here, on the caller's thread (`timed`: the
-        caller waited for the value, so its end is now, a service-time sample). If the callback
-        is ending it, its future settles once its slot is free: wait for that before relying
-        on the load."""
-        if _finishes(call, ref):
-            self._end(call, None, _ray.OK, timed)
+        caller waited for the value, so its end is now, a service-time sample)."""
+        if task.claim():
+            self.end(task, [_ray.OK], None, timed)
 
-    def _end(self, call: Call, error: BaseException | None, outcome: int | None,
-             timed: bool = True) -> None:
+    def end(self, task: Task, outcomes: Sequence[int], error: BaseException | None,
+            timed: bool = True) -> None:
+        """End `task` (once: its claimer): free its slots, counting each call's success or
+        failure, then settle, retry or re-send each call. `error` is what the task as a whole
+        ended with, if it did not run to its end."""
+        calls, task.calls = task.calls, []  # its calls refer to it: no cycle once it has ended
         try:
-            ended = self.last_end[call.actor] = time.perf_counter()
-            if outcome is None:
-                outcome = _ray.FAILED if error is not None else _ray.outcome(call.ref)
-            call.outcome = outcome
-            lost = outcome == _ray.DIED or outcome == _ray.UNAVAILABLE
-            if lost:  # before the slot is freed: no queued call may follow this one there
-                self.failures.lost(call.actor, call.epoch)
-            if outcome == _ray.CANCELLED:  # we cancelled it: no sample, and not the actor's failure
-                drained = self.scheduler.release(call.actor, self._drain_inline, 1, True)
-            else:
-                drained = self.scheduler.complete(call.actor, call.started, ended,
-                                                  outcome == _ray.OK, self._drain_inline, 1,
-                                                  call.method_id, timed)
-            self._hand_on(drained, call.actor)
-            twin = call.twin
-            if twin is not None and lost:
-                with _finishing:  # against the other copy's end, or its failure to be sent
-                    call.deferred = not twin.finished
-                if call.deferred:
-                    return  # a copy lost to its actor's death: the other copy still runs
-            if lost and self._retried(twin if call.copy and twin is not None else call):
-                return
-            if error is not None:
-                call.fail(call.error(error) if isinstance(error, RayError) else error)
-            else:
-                call.settle(call.out)
-            if twin is not None and not twin.finished:  # the first to end won: stop the other
-                _loop.post(self.cancel_sent, twin)
-        except BaseException as err:  # a bug here must not leave the call unsettled
-            log.exception("actormesh: ending %s failed", call.method)
-            call.fail(err)
-
-    def _ended_batch(self, batch: Batch, error: BaseException | None) -> None:
-        """As `_ended`, for every call of a batch at once: one outcome read, one native call
-        that frees every slot (one sample per call), then each call settled or retried."""
-        calls, batch.calls = batch.calls, []  # its calls refer to it: no cycle once it has ended
-        try:
-            ended = self.last_end[batch.actor] = time.perf_counter()
-            outcome = _ray.FAILED if error is not None else _ray.outcome(batch.ref)
-            lost = outcome == _ray.DIED or outcome == _ray.UNAVAILABLE
+            actor = task.actor
+            ended = self.last_end[actor] = time.perf_counter()
+            lost = any(o in _LOST for o in outcomes)
             if lost:  # before the slots are freed: no queued call may follow these there
-                self.failures.lost(batch.actor, batch.epoch)
-            if outcome == _ray.CANCELLED:  # every call of it was cancelled: no sample
-                drained = self.scheduler.release(batch.actor, self._drain_inline, len(calls),
-                                                 True)
+                self.failures.lost(actor, task.epoch)
+            if all(o == _ray.CANCELLED for o in outcomes):  # we cancelled it: no sample
+                drained = self.scheduler.release(actor, self._drain_inline, len(calls), True)
             else:
-                drained = self.scheduler.complete(batch.actor, batch.started, ended,
-                                                  outcome == _ray.OK, self._drain_inline,
-                                                  len(calls), batch.method)
-            self._hand_on(drained, batch.actor)
-            for call in calls:
+                ran = sum(o != SKIPPED for o in outcomes)
+                failed = sum(o != _ray.OK and o != SKIPPED for o in outcomes)
+                drained = self.scheduler.complete(
+                    actor, task.started, ended, failed=failed, drain=self._drain_inline,
+                    calls=len(calls), method=_method_of(calls), timed=timed and ran > 0)
+            self._hand_on(drained, actor)
+            for index, (call, outcome) in enumerate(zip(calls, outcomes)):
                 call.outcome = outcome
-                if lost and self._retried(call):
-                    continue
-                if error is None:
-                    call.settle(batch.ref)
-                elif isinstance(error, RayError):
-                    call.fail(call.error(error))
-                else:
-                    call.fail(_copy(error))
+                self._settle(call, outcome, task, index, error)
         except BaseException as err:  # a bug here must not leave a call unsettled
-            log.exception("actormesh: ending a batch of %d calls failed", len(calls))
+            log.exception("actormesh: ending a task of %d calls failed", len(calls))
             for call in calls:
                 call.fail(_copy(err))
 
+    def _settle(self, call: Call, outcome: int, task: Task, index: int,
+                error: BaseException | None) -> None:
+        """Settle one call of an ended task: its value or its error, unless it goes again (it
+        never started, or its actor was lost and it has retries), or a hedged copy still runs
+        that may do better (the first copy to end with a value wins; see `_hedge`)."""
+        if outcome == SKIPPED:  # never started: it goes alone, as Ray would run it
+            self._alone.add(call.method)
+            call.rides = False
+            _loop.post(self._retry, call)
+            return
+        twin = call.twin
+        if outcome != _ray.OK and twin is not None and twin.task is not None \
+                and not twin.task.ended() and not call.future.done():
+            return  # the other copy still runs: its end settles the call
+        if outcome in _LOST and self._retried(call):
+            return
+        if outcome == _ray.OK or outcome == _ray.RAISED or error is None:
+            call.future.set_result((task, index))
+        elif isinstance(error, RayError):
+            call.fail(call.error(error))
+        else:
+            call.fail(_copy(error))
+        if twin is not None and twin.task is not None and not twin.task.ended():
+            _loop.post(self.cancel_sent, twin.task)  # the first to end won: stop the other
+
     def _retried(self, call: Call) -> bool:
-        """A call whose actor was lost goes to another actor if it has retries left."""
+        """A call whose actor was lost goes to another actor if it has retries left (a hedge
+        copy: the call it copies)."""
+        if call.twin is not None and call.future is call.twin.future and call.hedge is not None \
+                and call.twin.retries > call.retries:
+            call = call.twin
         if call.retries > 0 and call.target is not None and not call.future.done():
             call.retries -= 1
+            if call.twin is not None:  # hedged once: the retry goes without a copy
+                call.twin = call.hedge = None
             _loop.post(self._retry, call)
             return True
         return False
@@ -616,37 +684,36 @@ class Router:
     # -- cancellation, timeouts, shutdown ------------------------------------------------------
     def cancel(self, calls: Sequence[Call], error: BaseException) -> None:
         """Settle every call not yet done with `error`: a queued call leaves the queue and is
-        never sent, a call already sent is cancelled where it runs (`cancel_sent`). Its slot is
-        freed when it ends, as for any call."""
+        never sent, a call already sent is cancelled where it runs (`cancel_sent`: a task once
+        every call in it is done). Its slot is freed when its task ends, as for any call."""
         for call in calls:
             if call.future.done():
                 continue
             if call.ticket:
-                self.scheduler.cancel(call.ticket)  # False: given a slot meanwhile; _send sees it
-            # Settled first, then `ref` read: a send under way either sees the call settled
-            # or has set `ref` by now, so one of the two cancels it.
+                self.scheduler.cancel(call.ticket)  # False: given a slot meanwhile; sent sees it
+            # Settled first, then `task` read: a send under way either sees the call settled
+            # or has set `task` by now, so one of the two cancels it.
             if call.future.set_exception(_copy(error)):
                 for copy in (call, call.twin):
-                    if copy is not None and copy.ref is not None:
-                        self.cancel_sent(copy)
+                    if copy is not None and copy.task is not None:
+                        self.cancel_sent(copy.task)
 
-    def cancel_sent(self, call: Call) -> None:
-        """Ask Ray to stop a call that was sent, where Ray can: an async (or threaded) actor
-        cancels it, and one it has not started never runs. A synchronous actor runs its calls
-        in order and its call runs to its end, its result dropped: Ray 2.60 cannot skip one
-        without stalling the actor (`_ray.runs_calls_at_once`). Never a kill. A call that rode
-        a batch is dropped when the batch ends; the batch's task is cancelled only once every
-        call in it has been."""
-        if call.ref is None or call.finished or not _ray.connected() \
-                or not _ray.runs_calls_at_once(self.handles[call.actor]):
+    def cancel_sent(self, task: Task) -> None:
+        """Ask Ray to stop a task once every call in it is done (cancelled, timed out, or won by
+        a hedge copy), where Ray can: an async (or threaded) actor cancels it, and one it has
+        not started never runs. A synchronous actor runs its calls in order and its task runs to
+        its end, its results dropped: Ray 2.60 cannot skip one without stalling the actor
+        (`_ray.runs_calls_at_once`). Never a kill."""
+        if task.ref is None or task.ended() or not _ray.connected() \
+                or not _ray.runs_calls_at_once(self.handles[task.actor]):
             return
-        batch = call.batch
-        if batch is not None and not all(c.future.done() for c in batch.calls):
+        if not all(c.future.done() or c.task is not task for c in task.calls):
             return
         try:
-            ray.cancel(call.ref)
-        except Exception as err:  # noqa: BLE001 - Ray is shutting down, or the call is gone
-            log.debug("actormesh: cancelling %s failed: %s", call.method, err)
+            ray.cancel(task.out if task.wire == STREAM else task.ref)
+        except Exception as err:  # noqa: BLE001 - Ray is shutting down, or the task is gone
+            log.debug("actormesh: cancelling a task of %s failed: %s", _task_name(task.calls),
+                      err)
 
     def expire_after(self, timeout_s: float, calls: Sequence[Call], label: str) -> _loop.Timer:
         """Cancel the calls not done after `timeout_s` with a `MeshTimeoutError` (on the loop
@@ -662,17 +729,69 @@ class Router:
         self._fail_decisions(self.scheduler.take_queued(), MeshError(why))
 
 
-_finishing = threading.Lock()  # held for a few bytecodes, never to wait
+class _ActorKind:
+    """What the router knows of one actor: whether it runs tasks of several calls (and how),
+    and its methods that must go alone."""
+
+    __slots__ = ("runner", "streams", "batches", "asyncio", "alone_methods")
+
+    def __init__(self, handle: Any) -> None:
+        methods = _ray.method_names(handle)
+        self.runner = _runner.BATCH in methods  # a mesh actor: the library's runner is there
+        self.streams = _runner.STREAM in methods
+        self.asyncio = _runner.ASYNCIO in methods
+        # An actor made elsewhere that may run calls at once has no runner the library
+        # controls (cancel, its bound): its calls go alone.
+        self.batches = self.runner or not _ray.runs_calls_at_once(handle)
+        self.alone_methods = _ray.methods_with_options(handle)
+
+    def wire(self, calls: list[Call], router: Router) -> int:
+        """How a task of `calls` travels to this actor."""
+        if len(calls) == 1 and (not self.asyncio or not calls[0].rides):
+            return LONE  # on an asyncio mesh actor every task but these holds its bound
+        if self.streams and _expected_s(calls, router.scheduler) > STREAM_ABOVE_S:
+            return STREAM
+        return LIST
 
 
-def _finishes(call: Call, ref: Any) -> bool:
-    """Whether the caller is the first to see `call`'s send as `ref` end: Ray's completion
-    callback, or a reader that got its value first. Exactly one of them ends the call."""
-    with _finishing:
-        if call.finished or call.ref is not ref:
-            return False
-        call.finished = True
-        return True
+def _expected_s(calls: list[Call], scheduler: _native.Scheduler) -> float:
+    """How long the calls are expected to take one after another (unmeasured: long)."""
+    total = 0.0
+    for call in calls:
+        latency = scheduler.method_latency_s(call.method_id)
+        if math.isnan(latency):
+            return math.inf
+        total += latency
+    return total
+
+
+def _method_of(calls: list[Call]) -> int:
+    """The calls' method id when they share one, else 0 (any call)."""
+    method = calls[0].method_id
+    return method if all(c.method_id == method for c in calls) else 0
+
+
+def _task_name(calls: list[Call]) -> str:
+    """How the dashboard names a task: after its method (its calls' methods)."""
+    names = dict.fromkeys(c.method for c in calls)
+    return "+".join(names) if len(names) <= 3 else f"{next(iter(names))}+{len(names) - 1} more"
+
+
+def _serialisable(call: Call) -> bool:
+    try:
+        cloudpickle.dumps((call.args, call.kwargs))
+    except Exception:  # noqa: BLE001 - whatever pickling raises
+        return False
+    return True
+
+
+def _first_ref(out: Any, what: str) -> ray.ObjectRef[Any]:
+    refs = out if isinstance(out, list) else [out]
+    if not refs or not all(isinstance(r, ray.ObjectRef) for r in refs):
+        raise TypeError(f"{what} returned {out!r}: it must return the ObjectRef of the Ray call "
+                        "it made (or a list of them)")
+    first: ray.ObjectRef[Any] = refs[0]
+    return first
 
 
 def _copy(error: BaseException) -> BaseException:
@@ -688,3 +807,4 @@ def _copy(error: BaseException) -> BaseException:
 
 def _name(point: Point) -> str:
     return f"rank {point.rank} ({format_coords(point.coords)})"
+

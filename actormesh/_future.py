@@ -94,7 +94,7 @@ class MeshFuture(Generic[R]):
             await _settled(self._future)
         result, mine = self._claim()
         if mine and self._combine is None and self._future.exception() is None \
-                and _ray.arrived(self._future.result()):
+                and _arrived(self._future.result()[0]):
             self._fill(result)  # a small value this process holds: read at once
         elif mine:  # off this event loop's thread: a value may be large, a collect slow
             await asyncio.get_running_loop().run_in_executor(None, self._fill, result)
@@ -224,6 +224,12 @@ class MeshFuture(Generic[R]):
         return f"MeshFuture({self._label}, {state})"
 
 
+def _arrived(task: _calls.Task) -> bool:
+    """Whether a call's value can be read at once: one carried in its task's reply (a task of
+    several calls), or a lone call's value this process holds."""
+    return task.wire != _calls.LONE or _ray.arrived(task.out)
+
+
 def _putting(finished: queue.SimpleQueue[Call], call: Call) -> Callable[[Result[Any]], None]:
     return lambda _: finished.put(call)
 
@@ -293,12 +299,12 @@ def _calling(
 def _values(calls: Sequence[Call], errors_as_values: bool) -> list[Any]:
     """Every call's value in order, the successful ones in one read; a failed call's error
     raises, or (`errors_as_values`) stands in its place."""
-    good = [c for c in calls
-            if c.batch is None and c.future.exception() is None and c.outcome == _ray.OK]
+    good = [c for c in calls if c.future.exception() is None and c.outcome == _ray.OK
+            and c.future.result()[0].wire == _calls.LONE and c.fn is None]
     values: dict[int, Any] = {}
     if good:
         try:
-            for call, value in zip(good, _ray.get([c.future.result() for c in good])):
+            for call, value in zip(good, _ray.get([c.future.result()[0].ref for c in good])):
                 values[id(call)] = value
         except RayError:
             values = {}  # one of them failed after all: read them one by one below

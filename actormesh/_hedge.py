@@ -141,9 +141,10 @@ class Hedges:
     def _began(self, call: Call) -> float:
         """When `call` began to run, as far as the driver can tell: over in-order actors, not
         before the task sent ahead of it to the same actor ended."""
+        assert call.task is not None
         if not self._in_order:
-            return call.started
-        return max(call.started, self._router.last_end[call.actor])
+            return call.task.started
+        return max(call.task.started, self._router.last_end[call.actor])
 
     def _late(self, ref: weakref.ref[Call], probe_s: float) -> None:
         call = ref()
@@ -203,6 +204,7 @@ class Hedges:
 
 def _running(call: Call) -> bool:
     """Sent, not ended, and not hedged yet."""
-    return call.twin is None and call.ref is not None and not call.finished \
+    task = call.task
+    return call.twin is None and task is not None and not task.ended() \
         and not call.future.done()
 

@@ -13,7 +13,7 @@ import ray
 from ray.actor import ActorHandle
 from typing_extensions import ParamSpec, Self
 
-from . import _batch, _drivers, _loop, _named, _native, _ray
+from . import _drivers, _loop, _named, _native, _ray
 from ._actor import RUN, Identity, check_init_args, is_asyncio, method_def, remote_class
 from ._balancer import DEFAULT_BALANCER, DEFAULT_COALESCE, ActorLoad, BalancerSpec, make_scheduler
 from ._calls import Router
@@ -148,7 +148,7 @@ class ActorMesh(Selectable, Generic[T]):
                 per_actor = placed.actor_options(rank, options) if placed else dict(options)
                 if name is not None:
                     per_actor["name"] = _named.actor_name(name, rank)
-                identity = Identity(rank, full.dims, full.sizes)
+                identity = Identity(rank, full.dims, full.sizes, per_actor.get("max_concurrency"))
                 handles.append(remote_cls.options(**per_actor).remote(identity, *args, **user_kwargs))
             if name is not None:
                 publication = _named.publish(name, actor_cls, full, handles,
@@ -164,7 +164,7 @@ class ActorMesh(Selectable, Generic[T]):
                 publication.withdraw()
             raise
 
-        router = _router(handles, full, scheduler, restart_timeout_s, _batch.send_to_mesh_actor)
+        router = _router(handles, full, scheduler, restart_timeout_s)
         self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full, router, label, RUN),
                        handles, placed, on_restart, owned=True, publication=publication,
                        shared=shared)
@@ -209,8 +209,7 @@ class ActorMesh(Selectable, Generic[T]):
         ActorStates.get().start()
         mesh: ActorMesh[T] = object.__new__(ActorMesh)
         mesh._assemble(_Root(None, class_name, frozenset(_ray.method_names(handles[0])), full,
-                             _router(handles, full, scheduler, restart_timeout_s,
-                                     _batch.send_to_any_actor),
+                             _router(handles, full, scheduler, restart_timeout_s),
                              name or class_name,
                              "__ray_call__"), handles, None, None, owned=False)
         return mesh
@@ -267,8 +266,7 @@ class ActorMesh(Selectable, Generic[T]):
                                  creator=False)
         mesh: ActorMesh[Any] = object.__new__(ActorMesh)
         try:
-            router = _router(handles, full, scheduler, restart_timeout_s,
-                             _batch.send_to_mesh_actor)
+            router = _router(handles, full, scheduler, restart_timeout_s)
             mesh._assemble(_Root(None, record.class_name, frozenset(), full, router, name, RUN,
                                  record), handles, None, None, owned=False, shared=shared)
         except BaseException:
@@ -414,12 +412,11 @@ class ActorMesh(Selectable, Generic[T]):
 
 
 def _router(handles: list[Any], full: Shape, scheduler: _native.Scheduler,
-            restart_timeout_s: float, send_batch: _batch.SendBatch) -> Router:
+            restart_timeout_s: float) -> Router:
     """The router of a mesh's actors; a Python Balancer (the `external` policy) drains its
     queue on the loop thread, never on Ray's."""
     return Router(handles, [Point(r, full) for r in range(full.size)], scheduler,
-                  defer_drain=scheduler.policy == "external", restart_timeout_s=restart_timeout_s,
-                  send_batch=send_batch)
+                  defer_drain=scheduler.policy == "external", restart_timeout_s=restart_timeout_s)
 
 
 def _run_restart_hook(root_ref: weakref.ref[_Root], hook: Callable[[ActorMesh[Any]], object],

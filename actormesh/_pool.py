@@ -332,8 +332,9 @@ class ActorPool(Generic[T]):
         error = call.future.exception()
         if error is not None:
             raise error
+        task, _ = call.future.result()
         try:
-            return _ray.get(call.future.result())
+            return _ray.get(task.out)
         except RayActorError as err:
             raise call.error(err) from None
 

@@ -254,3 +254,36 @@ def kv_del(key: str) -> None:
 def namespace() -> str:
     """The Ray namespace of this driver (named actors and meshes live in one)."""
     return str(ray.get_runtime_context().namespace)
+
+def stream_items(generator: Any) -> list[Any]:
+    """What a streaming task that has ended reported, in order (its values read: small
+    envelopes); stops at the first item that holds the task's own failure."""
+    items: list[Any] = []
+    while True:
+        try:
+            ref = generator._next_sync(timeout_s=0)
+        except StopIteration:
+            return items
+        if ref.is_nil():
+            return items
+        try:
+            items.append(get(ref, timeout=0))
+        except ray.exceptions.RayError:
+            return items
+
+
+# Ray options of an actor method (set with `@ray.method(...)`) under which a call must be the
+# method's own Ray task: Ray retries, streams or splits what that task returns.
+def methods_with_options(handle: Any) -> set[str]:
+    """The methods of the actor behind `handle` whose Ray options a task of several calls would
+    drop: retries, exceptions retried, several or streamed returns."""
+    alone: set[str] = set()
+    for table, default in (("_ray_method_max_task_retries", (None, 0)),
+                           ("_ray_method_retry_exceptions", (None, False)),
+                           ("_ray_method_num_returns", (None, 1)),
+                           ("_ray_method_is_generator", (None, False))):
+        options = getattr(handle, table, None)
+        for name, value in (options.items() if isinstance(options, dict) else ()):
+            if value not in default:
+                alone.add(name)
+    return alone

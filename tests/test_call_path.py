@@ -28,7 +28,7 @@ from ray.exceptions import ActorDiedError as RayActorDiedError
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayTaskError, TaskCancelledError
 
 import actormesh as am
-from actormesh import _batch, _bulk, _calls, _future, _hedge, _loop, _native, _ray
+from actormesh import _bulk, _calls, _future, _hedge, _loop, _native, _ray, _runner
 from actormesh._balancer import make_scheduler
 from actormesh._calls import Router
 from actormesh._method import CallOptions, MeshMethod, Target
@@ -58,6 +58,11 @@ class FakeRef:
         self.harness.on_ready(self)
         self.callback = callback
 
+    def _on_completed(self, callback: Callable[[Any], None]) -> None:
+        """A task of several calls is ended with its value (its calls' packed outcomes)."""
+        self.harness.on_ready(self)
+        self.callback = callback
+
     @property
     def harness(self) -> Harness:
         return self.handle.harness
@@ -71,14 +76,21 @@ class FakeHandle:
         # What Ray's handle says of an async actor (False: a synchronous one).
         self._ray_allow_out_of_order_execution = not in_order
         self.unsendable = object()  # an argument its calls cannot send, as Ray cannot pickle one
+        # A mesh actor's class: it has the library's runner of tasks of several calls.
+        self._ray_method_signatures = {_runner.BATCH: None}
 
     def __getattr__(self, method: str) -> Any:
         handle = self
 
         class Remote:
             @staticmethod
+            def _remote(args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+                        **options: Any) -> FakeRef:
+                return Remote.remote(*args, **(kwargs or {}))
+
+            @staticmethod
             def remote(*args: Any, **kwargs: Any) -> FakeRef:
-                items = args[0] if method == _batch.BATCH else [(method, args, kwargs)]
+                items = args[0] if method == _runner.BATCH else [(method, args, kwargs)]
                 if any(handle.unsendable in item_args for _, item_args, _ in items):
                     raise TypeError(f"cannot pickle {handle.unsendable!r}")
                 ref = FakeRef(handle, method, args)
@@ -101,8 +113,7 @@ class Harness:
         scheduler = make_scheduler(actors, balancer, max_in_flight, coalesce)
         self.router = Router(self.handles, [Point(r, shape) for r in range(actors)], scheduler,
                              defer_drain=isinstance(balancer, am.Balancer),
-                             restart_timeout_s=restart_timeout_s,
-                             send_batch=_batch.send_to_mesh_actor)
+                             restart_timeout_s=restart_timeout_s)
         self.target = Target(shape, tuple(range(actors)), self.router, "Fake", "Fake")
         self.ray_thread = _RayThread()
         # What a test does as a call is sent (`ref` made) and as its end is watched.
@@ -137,7 +148,12 @@ class Harness:
         ref.finished.set()
         callback, ref.callback = ref.callback, None
         assert callback is not None, "a call ended twice"
-        self.ray_thread.run(lambda: callback(lost))
+        if ref.method != _runner.BATCH:
+            self.ray_thread.run(lambda: callback(lost))
+            return
+        ended = lost or error or [v if isinstance(v, _runner.Raised) else _runner._dumps(v)
+                                  for v in value]
+        self.ray_thread.run(lambda: callback(ended))
 
     def finish_all(self, actor: int, value: Any = None) -> None:
         for ref in self.pending(actor):
@@ -197,7 +213,7 @@ def _fake_get(ref: Any, timeout: float | None = None) -> Any:
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Reads go to the fake refs; the outcome of a call is the one the test gave it."""
     fake = types.SimpleNamespace(get=_fake_get, cancel=_fake_cancel)
-    for module in (_calls, _future, _batch, _bulk):
+    for module in (_calls, _future, _bulk):
         monkeypatch.setattr(module, "ray", fake)
     monkeypatch.setattr(_ray, "outcome", lambda ref: ref.kind)
     monkeypatch.setattr(_ray, "get", _fake_get)
@@ -1056,10 +1072,9 @@ def test_a_hook_that_overruns_its_limit_is_logged_and_its_actor_used_again(
 # how long the test takes to end a call never splits a batch.
 ONE_TASK = am.Policy("adaptive", max_tasks=1, batch_budget_s=60.0)
 
-def batch_result(*results: Any) -> RayTaskError:
-    """What a batch in which some call raised ends with (`_batch.BatchRaised`)."""
-    return RayTaskError("Fake._actormesh_batch", "Traceback: ...",
-                        _batch.BatchRaised(list(results)))
+def packed_error(message: str) -> _runner.Raised:
+    """What the runner packs for a call of a task that raised."""
+    return _runner.Raised(_runner._dumps(raised(message)))
 
 
 def queue_behind_one(h: Harness, *args: Any, method: str = "f") -> list[am.MeshFuture[Any]]:
@@ -1073,7 +1088,7 @@ def test_calls_that_waited_ride_one_task_sent_from_the_loop_thread() -> None:
     futures = queue_behind_one(h, 1, 2, 3)
     h.finish(h.pending(0)[0], "first")
     [batch] = h.pending(0)
-    assert batch.method == _batch.BATCH
+    assert batch.method == _runner.BATCH
     assert batch.args == ([("f", (1,), {}), ("f", (2,), {}), ("f", (3,), {})],)
     assert h.sent_from == ["MainThread", "actormesh-loop"]
     assert h.scheduler.in_flight() == [3] and h.scheduler.tasks() == [1]
@@ -1086,15 +1101,14 @@ def test_a_call_that_raised_in_a_batch_fails_alone() -> None:
     h = Harness(1, balancer=ONE_TASK, coalesce=8)
     futures = queue_behind_one(h, 1, 2, 3)
     h.finish(h.pending(0)[0], "first")
-    failed = _batch.Failed(raised("only two"))
-    h.finish(h.pending(0)[0], kind=_ray.RAISED, error=batch_result(10, failed, 30))
+    h.finish(h.pending(0)[0], [10, packed_error("only two"), 30])
     assert futures[0].get(timeout=5) == 10 and futures[2].get(timeout=5) == 30
     with pytest.raises(am.ActorError, match="rank 0 .* only two"):
         futures[1].get(timeout=5)
     assert_idle(h)
 
 
-def test_a_batch_is_read_once_whatever_the_number_of_its_calls(
+def test_a_task_of_several_calls_brings_their_values_with_its_end_and_none_is_read_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     h = Harness(1, balancer=ONE_TASK, coalesce=8)
@@ -1104,7 +1118,7 @@ def test_a_batch_is_read_once_whatever_the_number_of_its_calls(
     monkeypatch.setattr(_ray, "get", lambda ref, timeout=None: reads.append(ref) or _fake_get(ref))
     h.finish(h.pending(0)[0], [1, 2, 3, 4])
     assert [f.get(timeout=5) for f in futures] == [1, 2, 3, 4]
-    assert len(reads) == 1
+    assert reads == []
 
 
 def test_a_call_cancelled_after_its_batch_was_formed_gives_its_slot_back() -> None:
@@ -1162,8 +1176,8 @@ def test_a_method_declared_alone_and_an_object_ref_argument_never_ride() -> None
     sizes = []
     while h.pending(0):
         ref = h.pending(0)[0]
-        sizes.append(len(ref.args[0]) if ref.method == _batch.BATCH else 1)
-        h.finish(ref, [None] * sizes[-1] if ref.method == _batch.BATCH else None)
+        sizes.append(len(ref.args[0]) if ref.method == _runner.BATCH else 1)
+        h.finish(ref, [None] * sizes[-1] if ref.method == _runner.BATCH else None)
     assert sizes == [1, 1, 1, 2]
     assert_idle(h)
 
@@ -1201,13 +1215,15 @@ def test_a_call_cancelled_while_its_value_is_read_raises_its_cancellation() -> N
 
 def test_an_argument_that_cannot_be_sent_fails_its_call_only_even_in_a_batch() -> None:
     h = Harness(1, balancer=ONE_TASK, coalesce=8)
-    h.handles[0].unsendable = bad = object()
+    h.handles[0].unsendable = bad = threading.Lock()  # what pickle refuses
     futures = queue_behind_one(h, 1, bad, 3)
     h.finish(h.pending(0)[0], "first")
     with pytest.raises(TypeError, match="cannot pickle"):
         futures[1].get(timeout=5)
-    assert sorted(r.args for r in h.pending(0)) == [(1,), (3,)]  # then each went alone
-    h.finish_all(0, "sent")
+    [task] = h.pending(0)  # the others went on together, in the slots they held: no more
+    assert task.args == ([("f", (1,), {}), ("f", (3,), {})],)
+    assert h.scheduler.in_flight() == [2] and h.scheduler.tasks() == [1]
+    h.finish(task, ["sent", "sent"])
     assert (futures[0].get(timeout=5), futures[2].get(timeout=5)) == ("sent", "sent")
     assert_idle(h)
 
@@ -1266,13 +1282,23 @@ def test_when_the_first_copy_ends_first_the_second_is_cancelled_and_its_result_d
     assert_idle(h)
 
 
-def test_a_copy_that_raises_names_the_actor_it_ran_on() -> None:
+def test_a_copy_that_raises_does_not_win_while_the_other_copy_runs() -> None:
     h = Harness(3)
     future, first, copy = hedged_pair(h)
     h.finish(copy, kind=_ray.RAISED, error=raised("from the copy"))
+    assert not future.done()  # a value from the other copy may still come
+    h.finish(first, "value")
+    assert future.get(timeout=5) == "value"
+    assert_idle(h)
+
+
+def test_when_both_copies_raise_the_error_names_the_actor_of_the_last_to_end() -> None:
+    h = Harness(3)
+    future, first, copy = hedged_pair(h)
+    h.finish(first, kind=_ray.RAISED, error=raised("from the first"))
+    h.finish(copy, kind=_ray.RAISED, error=raised("from the copy"))
     with pytest.raises(am.ActorError, match=f"rank {copy.handle.actor}"):
         future.get(timeout=5)
-    h.finish(first, kind=_ray.CANCELLED, error=TaskCancelledError())
     assert_idle(h)
 
 
