@@ -9,12 +9,21 @@
 // drivers on other hosts come from outside (`set_remote`): learnt off the hot path, where the
 // table's id (`table_id`) tells the drivers of one host from those of another.
 //
-// A driver that dies without leaving leaves its row marked live. Each row is also held by an
-// open-file-description lock, which the kernel drops with the process: a reader that finds a
-// live row unlocked stops counting it.
+// Who counts and who keeps the file, told by open-file-description locks, which the kernel drops
+// with the process whatever killed it:
+// - a driver holds the lock on its row's byte; a reader that finds a row marked live but
+//   unlocked (its driver died without leaving) stops counting it;
+// - every process that uses the file holds a read lock on its users byte. The last to leave
+//   takes it for writing and removes the file; a table whose users all died is removed by
+//   their janitor (actormesh/_janitor.py) the same way; a joiner that finds the file removed
+//   under it opens the new one.
+// A fork copies the file descriptions, and with them the locks: a child that outlived its
+// parent would keep a dead driver's row counted and its file in place. So a forked child lets
+// go of every table of its parent (pthread_atfork): its copy neither counts nor holds a lock.
 #pragma once
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,9 +35,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace actormesh {
@@ -36,6 +48,10 @@ namespace actormesh {
 class SharedLoad {
  public:
   static constexpr uint32_t kRows = 64;  // drivers of one mesh on one host
+  // The byte of the file whose read lock every user holds (bytes 0..kRows-1 lock the rows).
+  static constexpr off_t kUsersByte = kRows;
+  // At byte 4 of every table of this layout: what a janitor removes (actormesh/_janitor.py).
+  static constexpr uint32_t kMagic = 0x316d6174;
 
   // Only counts set by set_remote: a driver with no table (shared memory unavailable), alone
   // in a table of its own as far as `table_id` tells.
@@ -48,8 +64,9 @@ class SharedLoad {
       : num_actors_(num_actors), remote_(num_actors, 0), path_(path) {
     stride_ = (num_actors * sizeof(uint32_t) + kLine - 1) / kLine * kLine;
     size_ = kLine + kRows * kLine + static_cast<size_t>(kRows) * stride_;
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd_ < 0) fail("open");
+    Tables& tables = all_tables();
+    std::lock_guard<std::mutex> guard(tables.mutex);  // a fork waits until fd_ is known
+    join();
     struct stat st {};
     if (::fstat(fd_, &st) != 0) fail("fstat");
     // Every opener sizes a new (empty) file alike: whoever comes first, it ends up this size.
@@ -64,6 +81,12 @@ class SharedLoad {
     void* base = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
     if (base == MAP_FAILED) fail("mmap");
     base_ = static_cast<unsigned char*>(base);
+    uint32_t no_magic = 0;
+    if (!magic()->compare_exchange_strong(no_magic, kMagic) && no_magic != kMagic) {
+      close();
+      throw std::runtime_error("shared load table " + path +
+                               " is not a table of this version of actormesh");
+    }
     uint32_t expected = 0;
     if (!header()->compare_exchange_strong(expected, num_actors) && expected != num_actors) {
       close();
@@ -91,12 +114,20 @@ class SharedLoad {
     generation(row_).fetch_add(1, std::memory_order_relaxed);
     live(row_).store(1, std::memory_order_release);
     stale_.assign(kRows, 0);
+    tables.open.insert(this);
   }
 
+  // Leaves the table: this driver's row counts nothing from now on, and the last user removes
+  // the file.
   ~SharedLoad() {
-    if (base_ != nullptr && row_ >= 0) {
+    Tables& tables = all_tables();
+    std::lock_guard<std::mutex> guard(tables.mutex);
+    tables.open.erase(this);
+    if (base_ != nullptr) {
       for (uint32_t a = 0; a < num_actors_; ++a) count(row_, a).store(0, std::memory_order_relaxed);
       live(row_).store(0, std::memory_order_release);
+      // No other user holds the users byte when this one can lock it for writing.
+      if (lock(kUsersByte, F_OFD_SETLK, F_WRLCK) && linked()) ::unlink(path_.c_str());
     }
     close();
   }
@@ -151,6 +182,29 @@ class SharedLoad {
   static constexpr double kMinPeriodS = 0.0002;
   static constexpr double kPeriodPerRead = 100.0;  // the period is 100 times a read's cost
   static constexpr double kCheckS = 1.0;           // how often rows are checked for dead owners
+  static constexpr int kJoinAttempts = 1000;       // 1 ms apart
+
+  // The tables this process has open, so that a forked child can let go of them.
+  struct Tables {
+    std::mutex mutex;
+    std::set<SharedLoad*> open;
+  };
+
+  static Tables& all_tables() {
+    // Never destroyed: a table may be left during the destruction of statics.
+    static Tables* tables = [] {
+      Tables* made = new Tables;
+      pthread_atfork([] { all_tables().mutex.lock(); }, [] { all_tables().mutex.unlock(); },
+                     [] {
+                       Tables& forked = all_tables();
+                       for (SharedLoad* table : forked.open) table->close();
+                       forked.open.clear();
+                       forked.mutex.unlock();
+                     });
+      return made;
+    }();
+    return *tables;
+  }
 
   static double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -167,16 +221,44 @@ class SharedLoad {
   void close() {
     if (base_ != nullptr) ::munmap(base_, size_);
     base_ = nullptr;
-    if (fd_ >= 0) ::close(fd_);  // drops this driver's row lock
+    if (fd_ >= 0) ::close(fd_);  // drops this driver's locks (unless a fork copied them)
     fd_ = -1;
   }
 
-  // Takes (F_OFD_SETLK) or tests (F_OFD_GETLK) the lock on `row`'s byte of the file.
-  bool lock(uint32_t row, int command, short type) const {
+  // Opens the file at path_ as one of its users: a read lock on its users byte, on the file
+  // still named path_ (a leaver or a janitor may remove it between the open and the lock).
+  void join() {
+    for (int attempt = 0; attempt < kJoinAttempts; ++attempt) {
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd_ < 0) fail("open");
+      if (lock(kUsersByte, F_OFD_SETLK, F_RDLCK)) {
+        if (linked()) return;
+      } else if (errno != EAGAIN && errno != EACCES) {
+        fail("fcntl(F_OFD_SETLK)");
+      }
+      ::close(fd_);  // removed, or being removed: open the file that takes its place
+      fd_ = -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    throw std::runtime_error("shared load table " + path_ + " was being removed each of the " +
+                             std::to_string(kJoinAttempts) + " times it was opened");
+  }
+
+  // Whether the open file is still the one named path_.
+  bool linked() const {
+    struct stat opened {};
+    struct stat named {};
+    return ::fstat(fd_, &opened) == 0 && opened.st_nlink > 0 &&
+           ::stat(path_.c_str(), &named) == 0 && opened.st_dev == named.st_dev &&
+           opened.st_ino == named.st_ino;
+  }
+
+  // Takes (F_OFD_SETLK) or tests (F_OFD_GETLK) the lock on one byte of the file.
+  bool lock(off_t byte, int command, short type) const {
     struct flock fl {};
     fl.l_type = type;
     fl.l_whence = SEEK_SET;
-    fl.l_start = static_cast<off_t>(row);
+    fl.l_start = byte;
     fl.l_len = 1;
     if (::fcntl(fd_, command, &fl) != 0) return false;
     return command == F_OFD_SETLK || fl.l_type == F_UNLCK;
@@ -201,6 +283,9 @@ class SharedLoad {
   }
 
   std::atomic<uint32_t>* header() const { return reinterpret_cast<std::atomic<uint32_t>*>(base_); }
+  std::atomic<uint32_t>* magic() const {
+    return reinterpret_cast<std::atomic<uint32_t>*>(base_ + 4);
+  }
   std::atomic<uint64_t>* id() const { return reinterpret_cast<std::atomic<uint64_t>*>(base_ + 8); }
   std::atomic<uint32_t>& live(uint32_t row) const {
     return reinterpret_cast<std::atomic<uint32_t>*>(base_ + kLine + row * kLine)[0];

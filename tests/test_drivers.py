@@ -337,7 +337,8 @@ def test_drivers_on_two_hosts_see_each_others_calls_through_the_registry(
 
 def test_a_table_made_for_another_number_of_actors_is_refused(tmp_path: Any) -> None:
     path = str(tmp_path / "table")
-    _native.Scheduler(2, "adaptive").share_load(path)
+    first = _native.Scheduler(2, "adaptive")
+    first.share_load(path)
     with pytest.raises(RuntimeError, match="is for 2 actors, not 3|has .* bytes"):
         _native.Scheduler(3, "adaptive").share_load(path)
 
