@@ -153,8 +153,7 @@ class ActorMesh(Selectable, Generic[T]):
             if name is not None:
                 publication = _named.publish(name, actor_cls, full, handles,
                                              is_asyncio(actor_cls))
-                shared = _drivers.Shared(scheduler, publication.record.table,
-                                         _named.registry_name(name), label, creator=True)
+                shared = _drivers.Shared(scheduler, publication.record, label, creator=True)
         except BaseException:  # Ray refused an actor: leave nothing behind
             for handle in handles:
                 ray.kill(handle, no_restart=True)
@@ -262,8 +261,7 @@ class ActorMesh(Selectable, Generic[T]):
         scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
                                    concurrent=record.concurrent)
         ActorStates.get().start()
-        shared = _drivers.Shared(scheduler, record.table, _named.registry_name(name), name,
-                                 creator=False)
+        shared = _drivers.Shared(scheduler, record, name, creator=False)
         mesh: ActorMesh[Any] = object.__new__(ActorMesh)
         try:
             router = _router(handles, full, scheduler, restart_timeout_s)

@@ -59,7 +59,7 @@ class Record:
     actor_ids: tuple[bytes, ...]  # in rank order
     methods: Mapping[str, Method]
     concurrent: bool  # its actors run several calls at once (asyncio)
-    table: str  # names the table of the drivers' load (`_drivers.table_path`)
+    incarnation: str  # fresh for every mesh made: names its load table and registry
     closing: bool = False
 
     @property
@@ -89,9 +89,9 @@ def actor_name(name: str, rank: int) -> str:
     return f"{name}.{rank}"
 
 
-def registry_name(name: str) -> str:
-    """The Ray name of a named mesh's load registry (`_drivers.LoadRegistry`)."""
-    return f"{name}.load"
+def registry_name(record: Record) -> str:
+    """The Ray name of the load registry (`_drivers.LoadRegistry`) of the mesh of `record`."""
+    return f"{record.name}.load.{record.incarnation}"
 
 
 def _key(namespace: str, name: str) -> str:
@@ -193,6 +193,16 @@ def find(name: str) -> tuple[Record, list[Any]]:
                         f"{', ...' if len(missing) > 4 else ''} (an actor died for good, or "
                         "the mesh's creator exited)")
     return record, handles
+
+
+def is_current(record: Record) -> bool:
+    """Whether the mesh of `record` is still published and not being shut down (no newer mesh
+    has taken its name)."""
+    raw = _ray.kv_get(_key(record.namespace, record.name))
+    if raw is None:
+        return False
+    now: Record = pickle.loads(raw)
+    return now.incarnation == record.incarnation and not now.closing
 
 
 def check_class(record: Record, cls: type[Any]) -> None:

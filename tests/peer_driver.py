@@ -15,14 +15,22 @@ import time
 from typing import Any
 
 import ray
+from workers import Worker
 
 import actormesh as am
+from actormesh import _drivers, _named
 
 
 class Peer:
     def __init__(self) -> None:
         self.meshes: dict[str, am.ActorMesh[Any]] = {}
         self.held: list[am.MeshFuture[Any]] = []
+
+    def create(self, name: str, size: int) -> str:
+        """Make a mesh of `size` Workers named `name`; the path of its load table."""
+        self.meshes[name] = am.ActorMesh(Worker, shape=size, num_cpus=0.1, name=name)
+        record, _ = _named.find(name)
+        return _drivers.table_path(record.incarnation)
 
     def connect(self, name: str, balancer: str = "adaptive") -> dict[str, Any]:
         mesh = am.ActorMesh.connect(name, balancer=balancer)
