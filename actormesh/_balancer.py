@@ -90,9 +90,12 @@ class Policy:
     the minimum by more than `affinity_abs` calls and by more than `affinity_rel` times.
 
     Outlier ejection: an actor whose `eject_after`-th call in a row failed (raised, or its actor
-    died; 0 turns this off) is passed over for `eject_base_s`, doubled each time it is ejected
-    again without a success in between, up to `eject_max_s`, as long as another actor of the
-    (sub-)mesh can take the call: an actor that fails fast must not draw the traffic.
+    died; 0 turns this off; calls are counted, not Ray tasks: a batch with one raising call is
+    one failure after successes) is passed over for `eject_base_s`, doubled each time it is
+    ejected again without a success in between, up to `eject_max_s`, as long as another actor
+    of the (sub-)mesh is alive and not ejected (calls wait for it): an actor that fails fast
+    must not draw the traffic. Each failed call also makes its actor look slower, and an actor
+    back from an ejection or a restart is measured anew (tried first).
     """
 
     name: PolicyName = DEFAULT_BALANCER

@@ -38,6 +38,10 @@ Shared rules, native and here:
   by the weight 1 - (1 - alpha)**k (alpha for one call). The method's estimate, and the actor's
   one for the pipeline rule (`low_s`), rise RISE_SLOWER times slower than they fall: samples
   taken on the driver are inflated by its own delays, never deflated.
+- Failures count per call: a failed call is no sample of its method, and for the actor a
+  penalty of FAILURE_PENALTY times the larger of its share and the actor's estimate (the
+  method's while the actor is unmeasured): an actor that fails fast never looks fast. A restart
+  forgets the actor's estimate: a new process is measured anew.
 - Start-up: the first sample of an incarnation (`fresh`) may only lower an estimate, never make
   one: an actor or method whose only sample is a start-up stays unmeasured.
   An actor sent a task after STALE_TASKS_PER_ACTOR tasks per actor went elsewhere is stale: its
@@ -156,6 +160,8 @@ RISE_SLOWER = 8.0
 RECENT = 64  # samples a method keeps for its percentile
 ENOUGH = 8  # fewer samples tell no percentile
 MIN_TIME = 1e-9
+MAX_TIME = 3600.0  # the longest estimate: failures in a row stop raising it there
+FAILURE_PENALTY = 2.0  # a failed call is a sample of this many times the actor's estimate
 STEADY = 0.25  # an actor whose spread is below this takes a second task behind its first
 STALE_TASKS_PER_ACTOR = 200.0  # an actor not sent a task for this many per actor is stale
 PATIENCE = 4.0  # a hold lasts at most this many times the expected wait
@@ -373,10 +379,10 @@ class Scheduler:
                                   default=math.inf)
         return out
 
-    def complete(self, actor: int, started_s: float, ended_s: float, ok: bool, *,
+    def complete(self, actor: int, started_s: float, ended_s: float, failed: int, *,
                  calls: int = 1, method: int = 0, timed: bool = True) -> list[Decision]:
-        """Ends a task of `calls` calls on `actor`, learns its service time per call, and
-        dispatches what its slots free."""
+        """Ends a task of `calls` calls on `actor`, `failed` of which failed, learns its service
+        time per call, and dispatches what its slots free."""
         self._check_actor(actor)
         self._method(method)
         if not (math.isfinite(started_s) and math.isfinite(ended_s)):
@@ -387,13 +393,16 @@ class Scheduler:
         if not 1 <= calls <= load.in_flight or load.tasks == 0:
             raise RuntimeError(f"complete(actor={actor}, calls={calls}): {load.in_flight} calls "
                                f"in {load.tasks} tasks in flight on actor {actor}")
+        if not 0 <= failed <= calls:
+            raise ValueError(f"complete(actor={actor}, calls={calls}): failed {failed}: "
+                             "must be in [0, calls]")
         self._see_time(ended_s)
         was = self._eligible(actor)
         rating = self._rating(actor)
         load.in_flight -= calls
         load.tasks -= 1
         if timed:
-            self._record(load, started_s, ended_s, ok, calls, self._methods[method])
+            self._record(load, started_s, ended_s, failed, calls, self._methods[method])
         self._blocked += was - self._eligible(actor)
         self._rerate(actor, rating)
         return self._drain(actor)
@@ -434,8 +443,8 @@ class Scheduler:
         self._check_actor(actor)
         if self._loads[actor].alive:
             return []
-        self._set_alive(actor, True)
-        self._loads[actor].fresh = True  # a new process: its first call may wait for __init__
+        self._set_alive(actor, True)  # a new process: its speed is to be measured again
+        self._loads[actor].fresh = True  # and its first call may wait for __init__
         return self._drain(actor)
 
     # Views
@@ -745,6 +754,8 @@ class Scheduler:
         was = self._eligible(actor)
         rating = self._rating(actor)
         self._loads[actor].alive = alive
+        if alive:
+            self._forget(self._loads[actor])
         self._blocked += was - self._eligible(actor)
         self._rerate(actor, rating)
 
@@ -776,19 +787,29 @@ class Scheduler:
         if now_s is not None and now_s > self._clock:
             self._clock = now_s
 
-    def _record(self, load: ActorLoad, started_s: float, ended_s: float, ok: bool, calls: int,
-                method: Method) -> None:
+    def _record(self, load: ActorLoad, started_s: float, ended_s: float, failed: int,
+                calls: int, method: Method) -> None:
         """Service time per call: from the later of the task's start and the actor's previous
         completion, shared equally by its calls, each one sample. A start-up sample (the
-        incarnation's first) may lower an estimate, never raise or make one."""
-        sample = (ended_s - max(started_s, load.last_end_s)) / calls
+        incarnation's first) may lower an estimate, never raise or make one. A failed call is
+        no sample of its method, and for the actor a penalty: FAILURE_PENALTY times the larger
+        of its share and the actor's estimate (the method's while it is unmeasured)."""
+        share = (ended_s - max(started_s, load.last_end_s)) / calls
         load.last_end_s = max(load.last_end_s, ended_s)
-        if not ok or sample < 0:
+        if share < 0:
             return
         startup, load.fresh = load.fresh, False
         stale = load.stale and not startup
         if not startup:
             load.stale = False
+        succeeded = calls - failed
+        if succeeded:
+            self._learn(load, share, succeeded, startup, stale, method)
+        for _ in range(failed):
+            self._learn_failure(load, share, method)
+
+    def _learn(self, load: ActorLoad, sample: float, calls: int, startup: bool, stale: bool,
+               method: Method) -> None:
         weight = self._alpha if calls == 1 else 1.0 - (1.0 - self._alpha) ** calls
         if load.ewma_s is None:  # the first sample moves the prior like any other
             if not startup:
@@ -822,6 +843,36 @@ class Scheduler:
             else:
                 method.recent[method.next] = sample
             method.next = (method.next + 1) % RECENT
+
+    def _learn_failure(self, load: ActorLoad, share: float, method: Method) -> None:
+        reference = load.ewma_s if load.ewma_s is not None else (
+            method.ewma_s if method.ewma_s is not None else share)
+        sample = min(FAILURE_PENALTY * max(share, reference), MAX_TIME)
+        if load.ewma_s is None:
+            load.ewma_s = sample
+            load.low_s = sample
+            self._ewma_sum += sample
+            self._measured += 1
+        else:
+            old = load.ewma_s
+            load.spread += self._alpha * (abs(sample - old) / max(old, MIN_TIME) - load.spread)
+            load.ewma_s = old + self._alpha * (sample - old)
+            load.low_s += self._alpha * (sample - load.low_s)  # full weight: no driver delay
+            self._ewma_sum += load.ewma_s - old
+        load.latest.append(sample)
+
+    def _forget(self, load: ActorLoad) -> None:
+        """A new incarnation: its speed is to be measured again."""
+        if load.ewma_s is not None:
+            self._ewma_sum -= load.ewma_s
+            self._measured -= 1
+        if self._measured == 0:
+            self._ewma_sum = 0.0
+        load.ewma_s = None
+        load.low_s = 0.0
+        load.spread = 1.0
+        load.stale = False
+        load.latest.clear()
 
     def _latency(self, actor: int) -> float:
         ewma = self._loads[actor].ewma_s

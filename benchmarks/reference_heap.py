@@ -138,10 +138,15 @@ class Scheduler:
         self._add(actor, +1)
         return Decision(ticket, actor)
 
-    def complete(self, actor: int, started_s: float, ended_s: float, ok: bool) -> list[Decision]:
+    def complete(self, actor: int, started_s: float, ended_s: float,
+                 failed: int) -> list[Decision]:
+        """Ends a call that succeeded (`failed` 0): the penalty of a failed call is the readable
+        twin's (`benchmarks.reference`), not covered here."""
+        if failed != 0:
+            raise ValueError(f"failed={failed!r}: the heap twin covers calls that succeeded")
         if self._in_flight[actor] == 0:
             raise RuntimeError(f"complete(actor={actor}): no call in flight on actor {actor}")
-        self._record(actor, started_s, ended_s, ok)
+        self._record(actor, started_s, ended_s)
         self._add(actor, -1)
         dispatched = []
         while self._queue:
@@ -191,13 +196,13 @@ class Scheduler:
             self._unmeasured.erase(actor)
             self._heap.set(actor, ((n + 1) * ewma, n))
 
-    def _record(self, actor: int, started_s: float, ended_s: float, ok: bool) -> None:
+    def _record(self, actor: int, started_s: float, ended_s: float) -> None:
         """The native core's EWMA: the first sample moves the prior like any later one; the
         first sample of an incarnation (start-up) may lower an estimate, never raise or make
         one."""
         sample = ended_s - max(started_s, self._last_end[actor])
         self._last_end[actor] = max(self._last_end[actor], ended_s)
-        if not ok or sample < 0:
+        if sample < 0:
             return
         startup, self._fresh[actor] = self._fresh[actor], False
         stale = self._stale[actor] and not startup

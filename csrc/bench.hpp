@@ -42,7 +42,7 @@ inline double measure_decision_ns(const std::string& policy, uint32_t num_actors
   for (uint64_t i = 0; i < decisions; ++i) {
     running.push_back(scheduler.submit(0, {}).actor);
     clock_s += 1e-6;
-    scheduler.complete(running.front(), clock_s - 1e-5, clock_s, true);
+    scheduler.complete(running.front(), clock_s - 1e-5, clock_s, 0);
     running.pop_front();
   }
   return static_cast<double>(thread_cpu_ns() - start) / static_cast<double>(decisions);

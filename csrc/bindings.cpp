@@ -122,6 +122,18 @@ std::optional<uint64_t> affinity_key(nb::handle key) {
   throw nb::type_error(message.c_str());
 }
 
+// complete()'s count of failed calls. A bool is refused: it was the outcome of the whole task
+// (`ok`) before failures were counted per call, and True would now read as one failure.
+int64_t failed_calls(nb::handle failed) {
+  int64_t count;
+  if (PyBool_Check(failed.ptr()) || !nb::try_cast(failed, count)) {
+    const std::string message = "failed=" + std::string(nb::repr(failed).c_str()) +
+                                ": expected an int, how many of the task's calls failed";
+    throw nb::type_error(message.c_str());
+  }
+  return count;
+}
+
 // The Python picker, shared by the core's callback and the Python object so that the garbage
 // collector can see it: a picker that refers back to its scheduler (a bound method of the mesh
 // that owns it) forms a cycle that must stay collectable.
@@ -394,14 +406,18 @@ NB_MODULE(_native, m) {
           "now_s"_a)
       .def(
           "complete",
-          [](PyScheduler& s, int64_t actor, double started_s, double ended_s, bool ok,
+          [](PyScheduler& s, int64_t actor, double started_s, double ended_s, nb::handle failed,
              bool drain, int64_t calls, int64_t method, bool timed) {
+            const int64_t count = failed_calls(failed);
             return finish(with_gil_rule(s, [&] {
-              return s.complete(actor, started_s, ended_s, ok, drain, calls, method, timed);
+              return s.complete(actor, started_s, ended_s, count, drain, calls, method, timed);
             }));
           },
-          "actor"_a, "started_s"_a, "ended_s"_a, "ok"_a, "drain"_a = true, "calls"_a = 1,
-          "method"_a = 0, "timed"_a = true)
+          "actor"_a, "started_s"_a, "ended_s"_a, "failed"_a, "drain"_a = true, "calls"_a = 1,
+          "method"_a = 0, "timed"_a = true,
+          nb::sig("def complete(self, actor: int, started_s: float, ended_s: float, failed: int, "
+                  "drain: bool = True, calls: int = 1, method: int = 0, timed: bool = True) "
+                  "-> list[Decision]"))
       .def(
           "drain",
           [](PyScheduler& s, int64_t actor) {

@@ -27,6 +27,9 @@ struct Group {
   uint32_t live = 0;              // members alive or restarting
   uint32_t eligible = 0;          // members alive with a free slot
   uint32_t preferred = 0;         // eligible members not ejected: what the policy picks among
+  // Members alive and not ejected, free or not: while there is one, a call waits for it rather
+  // than go to an ejected member.
+  uint32_t healthy = 0;
   LoadHistogram preferred_loads;  // in_flight of the preferred members
   // The members whose speed is known (alive, not ejected, measured beyond start-up): how many,
   // and the sum of their speeds (1 / low_s), i.e. the calls per second they serve together.

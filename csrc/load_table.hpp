@@ -94,6 +94,12 @@ inline double lower(double estimate, double sample, double weight) {
 // may be out of date); a held-back straggler's estimate counts half as much after as long.
 constexpr double kStaleTasksPerActor = 200.0;
 
+// A failed call is a sample of this many times the actor's estimate (see LoadTable::record).
+constexpr double kFailurePenalty = 2.0;
+// The longest service time the core reasons with: an estimate that failures keep raising stops
+// there (an hour), and stays finite.
+constexpr double kMaxTime = 3600.0;
+
 // A spread below this is a steady actor's (see ActorLoad::steady).
 constexpr double kSteady = 0.25;
 
@@ -144,6 +150,7 @@ class LoadTable {
     ActorLoad& a = actors_[actor];
     a.status = status;
     if (status == Status::alive) {
+      forget(actor);
       a.fresh = true;  // a new process: its first call may wait for its __init__
       a.failures_in_a_row = 0;
       a.ejections = 0;
@@ -160,8 +167,12 @@ class LoadTable {
     a.failures_in_a_row = 0;
   }
 
-  // Its ejection is over (the count of ejections stays until a success resets it).
-  void readmit(uint32_t actor) { actors_[actor].ejected = false; }
+  // Its ejection is over (the count of ejections stays until a success resets it), and its
+  // speed is to be measured again.
+  void readmit(uint32_t actor) {
+    actors_[actor].ejected = false;
+    forget(actor);
+  }
   // `calls` more (or fewer) calls in flight, carried by `tasks` more (or fewer) Ray tasks.
   void add(uint32_t actor, int32_t calls, int32_t tasks) {
     ActorLoad& a = actors_[actor];
@@ -203,14 +214,21 @@ class LoadTable {
   uint32_t num_methods() const { return static_cast<uint32_t>(methods_.size()); }
   const MethodLoad& method(uint32_t id) const { return methods_[id]; }
 
-  // Records that a task of `calls` calls ran from started_s to ended_s (a lone call is a task of
-  // one). The service-time sample starts at the later of its start and the actor's previous
-  // completion: when the actor was backlogged the task waited behind others, and only the
-  // completion-to-completion interval is work. Each call is one sample of an equal share of it,
-  // so the EWMA moves as far as `calls` samples move it, in O(1). Samples that come out negative
-  // (completions reported out of order) carry no information and are dropped.
-  // A task that failed is no sample: an actor that fails fast must not look fast. It counts
-  // once towards ejection instead (see `failures_in_a_row`).
+  // Records that a task of `calls` calls, `failed` of which failed (raised, or were lost), ran
+  // from started_s to ended_s (a lone call is a task of one). The time per call starts at the
+  // later of its start and the actor's previous completion: when the actor was backlogged the
+  // task waited behind others, and only the completion-to-completion interval is work. Each call
+  // is one sample of an equal share of it, so the EWMA moves as far as `calls` samples move it,
+  // in O(1). Shares that come out negative (completions reported out of order) carry no
+  // information and are dropped.
+  //
+  // Failures count per call, never per task: a task with one failed call in ten is nine
+  // successes and one failure. A success ends the actor's run of failures; the order of the
+  // calls within a task is not known, so its failures are taken as the latest (they start the
+  // next run, see `failures_in_a_row`). A failed call is no service-time sample of its method,
+  // but it is one for the actor: a penalty, twice the larger of its share and the actor's
+  // estimate (the method's while the actor is unmeasured), so that an actor that fails fast
+  // never looks fast: each failed call in a row multiplies its estimate by about 1 + alpha.
   // Without `timed` the end time is not known well enough to measure anything: only the
   // outcome counts.
   //
@@ -218,35 +236,51 @@ class LoadTable {
   // __init__ (a call sent to an actor that is still starting). Such a sample may lower an
   // estimate but never raise one, and never makes one: an actor (or method) whose only sample
   // is a start-up stays unmeasured, and its next sample is its first. So start-up never enters
-  // an estimate, a restart never inflates what was learnt before it, and no estimate rests on
-  // one lucky sample (the first moves the prior). Start-up samples never enter the percentile
-  // window. A stale estimate (see `add`) is replaced by the next sample:
-  // a straggler that was passed over for long may have recovered.
-  void record(uint32_t actor, double started_s, double ended_s, bool ok, uint32_t calls = 1,
-              uint32_t method = 0, bool timed = true) {
+  // an estimate, and no estimate rests on one lucky sample (the first moves the prior). Start-up
+  // samples never enter the percentile window. A stale estimate (see `add`) is replaced by the
+  // next sample: a straggler that was passed over for long may have recovered.
+  void record(uint32_t actor, double started_s, double ended_s, uint32_t failed,
+              uint32_t calls = 1, uint32_t method = 0, bool timed = true) {
     ActorLoad& a = actors_[actor];
-    if (ok) {
+    const uint32_t succeeded = calls - failed;
+    if (succeeded > 0) {
       a.failures_in_a_row = 0;
       if (!a.ejected) a.ejections = 0;
-    } else {
-      ++a.failures_in_a_row;
     }
+    a.failures_in_a_row += failed;
     if (!timed) return;
-    const double sample = (ended_s - std::max(started_s, a.last_end_s)) / calls;
+    const double share = (ended_s - std::max(started_s, a.last_end_s)) / calls;
     a.last_end_s = std::max(a.last_end_s, ended_s);
-    if (!ok || sample < 0.0) return;
+    if (share < 0.0) return;
     const bool startup = a.fresh;
     const bool stale = a.stale && !startup;
     a.fresh = false;
     if (!startup) a.stale = false;
-    const double weight = calls == 1 ? alpha_ : 1.0 - std::pow(1.0 - alpha_, calls);
-    learn_actor(a, sample, weight, startup, stale);
-    learn_method(methods_[method], sample, weight, startup);
-    if (!startup) {
-      a.latest[a.latest_next] = sample;
-      a.latest_next = (a.latest_next + 1) % kLatest;
-      a.latest_count = std::min(a.latest_count + 1, kLatest);
+    if (succeeded > 0) {
+      const double weight = succeeded == 1 ? alpha_ : 1.0 - std::pow(1.0 - alpha_, succeeded);
+      learn_actor(a, share, weight, startup, stale);
+      learn_method(methods_[method], share, weight, startup);
+      if (!startup) remember_latest(a, share);
     }
+    for (uint32_t call = 0; call < failed; ++call) learn_failure(a, share, methods_[method]);
+  }
+
+  // An actor seen anew (a restart, the end of an ejection): what was learnt of it is forgotten,
+  // so that it is measured again (`adaptive` tries an actor of unknown speed first).
+  void forget(uint32_t actor) {
+    ActorLoad& a = actors_[actor];
+    if (a.measured) {
+      ewma_sum_ -= a.ewma_s;
+      --measured_;
+    }
+    a.measured = false;
+    a.stale = false;
+    a.ewma_s = 0.0;
+    a.low_s = 0.0;
+    a.spread = 1.0;
+    a.latest_count = 0;
+    a.latest_next = 0;
+    if (measured_ == 0) ewma_sum_ = 0.0;  // exact again, as the reference keeps it
   }
 
   // Mean EWMA over measured actors, or `fallback` when none is measured. The sum is kept
@@ -292,6 +326,32 @@ class LoadTable {
     m.ewma_s = m.measured ? lower(m.ewma_s, sample, weight) : sample;
     m.measured = true;
     m.recent.add(sample);
+  }
+
+  // `record`'s penalty for one failed call (see there); capped at kMaxTime.
+  void learn_failure(ActorLoad& a, double share, const MethodLoad& m) {
+    const double reference = a.measured ? a.ewma_s : m.measured ? m.ewma_s : share;
+    const double sample = std::min(kFailurePenalty * std::max(share, reference), kMaxTime);
+    if (!a.measured) {
+      a.measured = true;
+      a.ewma_s = sample;
+      a.low_s = sample;
+      ewma_sum_ += sample;
+      ++measured_;
+    } else {
+      const double old = a.ewma_s;
+      a.spread += alpha_ * (std::abs(sample - old) / std::max(old, kMinTime) - a.spread);
+      a.ewma_s = old + alpha_ * (sample - old);
+      a.low_s += alpha_ * (sample - a.low_s);  // a failure is no driver delay: full weight
+      ewma_sum_ += a.ewma_s - old;
+    }
+    remember_latest(a, sample);
+  }
+
+  static void remember_latest(ActorLoad& a, double sample) {
+    a.latest[a.latest_next] = sample;
+    a.latest_next = (a.latest_next + 1) % kLatest;
+    a.latest_count = std::min(a.latest_count + 1, kLatest);
   }
 
   bool has_task_slot(const ActorLoad& a) const {

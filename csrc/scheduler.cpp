@@ -168,6 +168,7 @@ uint32_t Scheduler::add_group(const std::vector<int64_t>& members) {
     const Standing now = standing(actor);
     group.live += now.live;
     group.eligible += now.eligible;
+    group.healthy += now.healthy;
     group.rated += now.rated;
     group.rate += now.rate;
     group.pace += now.pace;
@@ -230,7 +231,8 @@ std::vector<uint32_t> Scheduler::group_members(int64_t group) const {
 Scheduler::Standing Scheduler::standing(uint32_t actor) const {
   const ActorLoad& load = loads_[actor];
   const bool rated = load.alive() && !load.ejected && load.known();
-  return {load.in_flight, load.live(), loads_.eligible(actor), loads_.preferred(actor), rated,
+  return {load.in_flight, load.live(), loads_.eligible(actor), loads_.preferred(actor),
+          load.alive() && !load.ejected, rated,
           rated ? 1.0 / std::max(load.low_s, kMinTime) : 0.0,
           rated ? 1.0 / std::max(load.ewma_s, kMinTime) : 0.0};
 }
@@ -245,6 +247,7 @@ void Scheduler::changed(uint32_t actor, const Standing& before) {
     g.live += static_cast<uint32_t>(now.live) - static_cast<uint32_t>(before.live);
     g.eligible += static_cast<uint32_t>(now.eligible) - static_cast<uint32_t>(before.eligible);
     g.preferred += static_cast<uint32_t>(now.preferred) - static_cast<uint32_t>(before.preferred);
+    g.healthy += static_cast<uint32_t>(now.healthy) - static_cast<uint32_t>(before.healthy);
     g.rated += static_cast<uint32_t>(now.rated) - static_cast<uint32_t>(before.rated);
     // Kept incrementally (the reference does the same operations in the same order, so both
     // round alike), and exact again whenever nobody is rated.
@@ -268,11 +271,11 @@ void Scheduler::add_load(uint32_t actor, int32_t calls, int32_t tasks) {
 // An affinity key stays on its last actor while that actor is an eligible member whose load is
 // not above the group's least loaded preferred member by more than affinity_abs calls AND by more
 // than a factor affinity_rel (both, as SGLang's cache-aware router does). An ejected actor keeps
-// its keys only while every eligible member is ejected.
+// its keys only while every live member is ejected.
 bool Scheduler::sticks(uint32_t group, uint32_t actor) const {
   if (!loads_.eligible(actor) || !is_member(group, actor)) return false;
   const Group& g = groups_[group];
-  if (g.preferred == 0) return true;
+  if (g.preferred == 0) return g.healthy == 0;
   if (loads_[actor].ejected) return false;
   const uint32_t load = loads_[actor].in_flight;
   const uint32_t least = g.preferred_loads.min();
@@ -296,9 +299,11 @@ uint32_t Scheduler::least_loaded_eligible(const Group& group) const {
   return best;
 }
 
-// The actor for `call`, or nothing when it must wait though a member is eligible: it is held
-// back from a straggler (`holds`). `waiting` counts the calls waiting in the group, this one
-// included. The group must have an eligible member.
+// The actor for `call`, or nothing when it must wait though a member is eligible: every
+// eligible member is ejected while a member that is not runs calls (its end will drain the
+// queue: an actor that fails fast must not take a burst because the healthy ones are busy), or
+// it is held back from a straggler (`holds`). `waiting` counts the calls waiting in the group,
+// this one included. The group must have an eligible member.
 // May throw only from an external picker, before any state other than the affinity table's
 // recency has changed.
 std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call,
@@ -317,6 +322,8 @@ std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call
   if (g.preferred > 0) {
     pos = g.policy->pick(PickContext{loads_, g.members, g.preferred, rng_, call.affinity, false,
                                      call.payload});
+  } else if (g.healthy > 0) {
+    return std::nullopt;
   } else if (settings_.kind == PolicyKind::external) {
     pos = g.policy->pick(PickContext{loads_, g.members, g.eligible, rng_, call.affinity, true,
                                      call.payload});
@@ -726,8 +733,8 @@ void Scheduler::check_held(uint32_t actor, int64_t calls, bool task, const char*
   }
 }
 
-Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain,
-                          int64_t calls, int64_t method, bool timed) {
+Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, int64_t failed,
+                          bool drain, int64_t calls, int64_t method, bool timed) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t a = check_actor(actor);
   const uint32_t method_id = check_method(method);
@@ -737,10 +744,16 @@ Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, bool 
                                 ": times must be finite");
   }
   check_held(a, calls, true, "complete");
+  if (failed < 0 || failed > calls) {
+    throw std::invalid_argument("complete(actor=" + std::to_string(a) + ", calls=" +
+                                std::to_string(calls) + "): failed " + std::to_string(failed) +
+                                ": must be in [0, calls]");
+  }
   see_time(ended_s);
   const Standing before = standing(a);
   loads_.add(a, -static_cast<int32_t>(calls), -1);
-  loads_.record(a, started_s, ended_s, ok, static_cast<uint32_t>(calls), method_id, timed);
+  loads_.record(a, started_s, ended_s, static_cast<uint32_t>(failed),
+                static_cast<uint32_t>(calls), method_id, timed);
   changed(a, before);
   eject_if_due(a, ended_s);
   end_ejections(ended_s);

@@ -121,11 +121,11 @@ class Scheduler {
   Drain expire_holds(double now_s);
   // Whether this scheduler may hold calls back (hold_ratio > 0, adaptive, task slots).
   bool may_hold() const;
-  // Ends one Ray task of `calls` calls (of `method` for its service-time sample; none without
-  // `timed`, when the end time is not known). With `drain` false the queued calls its slots
-  // could take are left for drain().
-  Drain complete(int64_t actor, double started_s, double ended_s, bool ok, bool drain = true,
-                 int64_t calls = 1, int64_t method = 0, bool timed = true);
+  // Ends one Ray task of `calls` calls, `failed` of which failed (of `method` for its
+  // service-time sample; none without `timed`, when the end time is not known). With `drain`
+  // false the queued calls its slots could take are left for drain().
+  Drain complete(int64_t actor, double started_s, double ended_s, int64_t failed,
+                 bool drain = true, int64_t calls = 1, int64_t method = 0, bool timed = true);
   Drain drain(int64_t actor);
   // Gives back `calls` call slots that no call used (queued calls given a slot after they were
   // cancelled), and with `task` the task slot they were to share.
@@ -209,7 +209,8 @@ class Scheduler {
     bool live;
     bool eligible;
     bool preferred;
-    bool rated;   // alive, not ejected, and its speed known
+    bool healthy;  // alive and not ejected
+    bool rated;    // alive, not ejected, and its speed known
     double rate;  // its speed, 1 / low_s, when rated; else 0
     double pace;  // 1 / ewma_s (its mean time, not the estimate slow to rise), when rated
   };

@@ -226,9 +226,9 @@ def test_the_heap_twin_makes_the_native_decisions_queue_included(policy: str) ->
             continue
         actor, started = running.pop(rng.randrange(len(running)))
         clock += 0.001 + 0.01 * rng.random() * (actor + 1)  # actors of different speeds
-        done = native.complete(actor, started, clock, True)
+        done = native.complete(actor, started, clock, 0)
         assert [(d.ticket, d.actor) for d in done] == [
-            (d.ticket, d.actor) for d in twin.complete(actor, started, clock, True)]
+            (d.ticket, d.actor) for d in twin.complete(actor, started, clock, 0)]
         running += [(d.actor, clock) for d in done]
     assert native.in_flight() == twin.in_flight()
 

@@ -127,17 +127,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.check_slots({decision.actor})
 
     @precondition(lambda self: any(self.running))
-    @rule(data=st.data(), ok=st.booleans(), duration=st.floats(0.0, 0.1))
-    def complete(self, data: st.DataObject, ok: bool, duration: float) -> None:
+    @rule(data=st.data(), failed=st.integers(0, 1), duration=st.floats(0.0, 0.1))
+    def complete(self, data: st.DataObject, failed: int, duration: float) -> None:
         actor = data.draw(st.sampled_from([a for a in range(self.num_actors) if self.running[a]]))
         self.clock += 0.01
         self.running[actor] -= 1
         if data.draw(st.booleans()):
             self.drained(
-                lambda: self.scheduler.complete(actor, self.clock - duration, self.clock, ok)
+                lambda: self.scheduler.complete(actor, self.clock - duration, self.clock, failed)
             )
         else:  # as with a Python Balancer: the drain comes later, from another thread
-            assert self.scheduler.complete(actor, self.clock - duration, self.clock, ok,
+            assert self.scheduler.complete(actor, self.clock - duration, self.clock, failed,
                                            drain=False) == []
             self.drained(lambda: self.scheduler.drain(actor))
 
@@ -155,7 +155,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         actor = data.draw(st.sampled_from(idle))
         try:
-            self.scheduler.complete(actor, 0.0, self.clock, True)
+            self.scheduler.complete(actor, 0.0, self.clock, 0)
         except RuntimeError:
             return
         raise AssertionError(f"an extra complete on actor {actor} was accepted")
@@ -242,7 +242,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         while any(self.running):
             actor = next(a for a in range(self.num_actors) if self.running[a])
             self.running[actor] -= 1
-            self.drained(lambda actor=actor: self.scheduler.complete(actor, 0.0, 1.0, True))
+            self.drained(lambda actor=actor: self.scheduler.complete(actor, 0.0, 1.0, 0))
         assert self.scheduler.in_flight() == [0] * self.num_actors
         assert self.scheduler.queued() == 0
         assert not self.queued and not self.payloads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 import threading
 import weakref
@@ -127,14 +128,14 @@ def test_tickets_increase_from_one_and_count_in_flight() -> None:
 def test_complete_ends_one_call() -> None:
     s = Scheduler(2)
     actor = dispatch(s)
-    assert s.complete(actor, 0.0, 1.0, True) == []
+    assert s.complete(actor, 0.0, 1.0, 0) == []
     assert s.in_flight() == [0, 0]
 
 
 def test_an_extra_complete_raises_and_counts_stay_at_zero() -> None:
     s = Scheduler(2)
     with pytest.raises(RuntimeError, match="0 calls in 0 tasks in flight on actor 1"):
-        s.complete(1, 0.0, 1.0, True)
+        s.complete(1, 0.0, 1.0, 0)
     assert s.in_flight() == [0, 0]
 
 
@@ -142,7 +143,7 @@ def test_complete_rejects_times_that_are_not_finite() -> None:
     s = Scheduler(1)
     dispatch(s)
     with pytest.raises(ValueError, match="times must be finite"):
-        s.complete(0, math.nan, 1.0, True)
+        s.complete(0, math.nan, 1.0, 0)
     assert s.in_flight() == [1]
 
 
@@ -193,7 +194,7 @@ def test_pow2_sends_to_the_less_loaded_of_two() -> None:
     s.acquire(0)
     for _ in range(50):
         assert dispatch(s) == 1
-        s.complete(1, 0.0, 1.0, True)
+        s.complete(1, 0.0, 1.0, 0)
 
 
 def test_pow2_keeps_the_maximum_load_low() -> None:
@@ -231,8 +232,8 @@ def test_pull_hands_the_queue_head_to_the_first_free_actor() -> None:
     s = Scheduler(3, "pull")
     for _ in range(5):
         s.submit(0)
-    assert [(d.ticket, d.actor) for d in s.complete(2, 0.0, 1.0, True)] == [(4, 2)]
-    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, True)] == [(5, 0)]
+    assert [(d.ticket, d.actor) for d in s.complete(2, 0.0, 1.0, 0)] == [(4, 2)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, 0)] == [(5, 0)]
     assert s.queued() == 0
 
 
@@ -241,17 +242,17 @@ def started(s: Scheduler, *actors: int) -> Scheduler:
     have waited for the actor's __init__, so it makes no estimate."""
     for actor in actors or range(s.num_actors):
         s.acquire(actor)
-        s.complete(actor, -1.0, -0.5, True)
+        s.complete(actor, -1.0, -0.5, 0)
     return s
 
 
 def test_a_start_up_makes_no_estimate_and_the_next_sample_is_the_first() -> None:
     s = Scheduler(2, "sed", ewma_alpha=0.2)
     s.acquire(0)
-    s.complete(0, 0.0, 1.0, True)  # waited for __init__: 1 s
+    s.complete(0, 0.0, 1.0, 0)  # waited for __init__: 1 s
     assert math.isnan(s.mean_latency_s()[0]) and math.isnan(s.method_latency_s(0))
     s.acquire(0)
-    s.complete(0, 2.0, 2.005, True)
+    s.complete(0, 2.0, 2.005, 0)
     assert s.mean_latency_s()[0] == pytest.approx(0.005)
 
 
@@ -260,7 +261,7 @@ def measure(s: Scheduler, actor: int, seconds: float, times: int = 1) -> None:
     now = 0.0  # each actor's clock: a sample runs from the later of start and its last completion
     for _ in range(times):
         s.acquire(actor)
-        s.complete(actor, now, now + seconds, True)
+        s.complete(actor, now, now + seconds, 0)
         now += seconds
 
 
@@ -290,7 +291,7 @@ def test_sed_first_sample_moves_the_prior_not_replaces_it() -> None:
 def test_sed_uses_the_prior_for_unmeasured_actors() -> None:
     s = started(Scheduler(2, "sed", prior_s=0.5), 0)
     s.acquire(0)
-    s.complete(0, 0.0, 1.0, True)  # actor 0: 1 s; actor 1 unmeasured: 0.5 s
+    s.complete(0, 0.0, 1.0, 0)  # actor 0: 1 s; actor 1 unmeasured: 0.5 s
     assert dispatch(s) == 1
     assert dispatch(s) == 0  # 1 x 1.0 against 2 x 0.5: equal delay, fewer calls in flight wins
 
@@ -319,9 +320,9 @@ def test_every_policy_honours_max_in_flight_and_queues_the_rest() -> None:
 def test_mean_latency_is_nan_until_measured_then_a_moving_average() -> None:
     s = started(Scheduler(2, ewma_alpha=0.5), 0)
     s.acquire(0)
-    s.complete(0, 10.0, 12.0, True)
+    s.complete(0, 10.0, 12.0, 0)
     s.acquire(0)
-    s.complete(0, 20.0, 24.0, True)
+    s.complete(0, 20.0, 24.0, 0)
     latency = s.mean_latency_s()
     assert latency[0] == pytest.approx(2.0 + 0.5 * (4.0 - 2.0))
     assert math.isnan(latency[1])
@@ -330,40 +331,62 @@ def test_mean_latency_is_nan_until_measured_then_a_moving_average() -> None:
 def test_a_backlogged_actor_is_measured_between_completions() -> None:
     s = Scheduler(1)
     s.acquire(0)
-    s.complete(0, 0.0, 1.0, True)
+    s.complete(0, 0.0, 1.0, 0)
     s.acquire(0)
     s.acquire(0)
-    s.complete(0, 1.0, 2.0, True)
-    s.complete(0, 1.0, 2.5, True)  # waited behind the call before it: 0.5 s of work, not 1.5
+    s.complete(0, 1.0, 2.0, 0)
+    s.complete(0, 1.0, 2.5, 0)  # waited behind the call before it: 0.5 s of work, not 1.5
     assert s.mean_latency_s()[0] == pytest.approx(1.0 + 0.2 * (0.5 - 1.0))
 
 
-def test_a_failed_call_is_not_a_latency_sample() -> None:
+def test_a_failed_call_is_a_penalty_for_its_actor_and_no_sample_of_its_method() -> None:
     s = Scheduler(1)
+    method = s.add_method()
     s.acquire(0)
-    s.complete(0, 0.0, 5.0, False)
-    assert math.isnan(s.mean_latency_s()[0])
+    s.complete(0, 0.0, 0.25, 1, method=method)
+    assert s.mean_latency_s() == [0.5]  # twice its time: a failure never looks fast
+    assert math.isnan(s.method_latency_s(method))
+
+
+def test_an_actor_that_fails_fast_looks_slower_with_every_failed_call() -> None:
+    s = started(Scheduler(1, ewma_alpha=0.2))
+    measure(s, 0, 0.01)
+    for expected in (0.012, 0.0144):  # each a sample of twice the estimate: x (1 + alpha)
+        s.acquire(0)
+        s.complete(0, 5.0, 5.0001, 1)
+        assert s.mean_latency_s() == [pytest.approx(expected)]
+
+
+def test_a_task_with_one_failed_call_in_ten_is_nine_samples_and_one_penalty() -> None:
+    s = started(Scheduler(1, ewma_alpha=0.2))
+    measure(s, 0, 0.01)
+    s.acquire(0)
+    for _ in range(9):
+        s.acquire(0)
+    s.complete(0, 1.0, 1.1, 1, calls=10)  # 0.01 s a call, as measured
+    assert s.mean_latency_s() == [pytest.approx(0.012)]  # the penalty only: 2 x 0.01
 
 
 def test_a_first_sample_that_included_start_up_is_forgotten_by_the_second() -> None:
     s = Scheduler(1)
     measure(s, 0, 1.0)  # sent while the actor ran its __init__
     s.acquire(0)
-    s.complete(0, 1.0, 1.005, True)
+    s.complete(0, 1.0, 1.005, 0)
     assert s.mean_latency_s() == [pytest.approx(0.005)]
 
 
-def test_the_first_call_after_a_restart_never_raises_the_estimate() -> None:
+def test_a_restarted_actor_is_measured_anew_and_its_start_up_makes_no_estimate() -> None:
     s = Scheduler(2)
     measure(s, 0, 0.01, times=3)
     s.mark_dead(0, restarting=True)
     s.mark_alive(0)
+    assert math.isnan(s.mean_latency_s()[0])  # a new process: unmeasured, so tried first
     s.acquire(0)
-    s.complete(0, 10.0, 12.0, True)  # waited for the new process to start
-    assert s.mean_latency_s()[0] == pytest.approx(0.01)
+    s.complete(0, 10.0, 12.0, 0)  # waited for the new process to start
+    assert math.isnan(s.mean_latency_s()[0])
     s.acquire(0)
-    s.complete(0, 12.0, 12.01, True)
-    assert s.mean_latency_s()[0] == pytest.approx(0.01)
+    s.complete(0, 12.0, 12.02, 0)
+    assert s.mean_latency_s()[0] == pytest.approx(0.02)
 
 
 def test_a_method_learns_its_service_time_after_start_up_too() -> None:
@@ -371,9 +394,9 @@ def test_a_method_learns_its_service_time_after_start_up_too() -> None:
     method = s.add_method()
     for actor in range(4):  # every actor's first call waited for its start
         s.acquire(actor)
-        s.complete(actor, 0.0, 1.0 + actor / 10, True, method=method)
+        s.complete(actor, 0.0, 1.0 + actor / 10, 0, method=method)
     s.acquire(0)
-    s.complete(0, 1.0, 1.005, True, method=method)
+    s.complete(0, 1.0, 1.005, 0, method=method)
     assert s.method_latency_s(method) == pytest.approx(0.005)
 
 
@@ -383,7 +406,7 @@ def complete_one_after_another(s: Scheduler, actor: int, samples: list[float],
     now = 0.0
     for sample in samples:
         s.acquire(actor)
-        s.complete(actor, now, now + sample, True, method=method)
+        s.complete(actor, now, now + sample, 0, method=method)
         now += sample
 
 
@@ -414,9 +437,9 @@ def test_a_method_percentile_keeps_the_latest_64_samples() -> None:
 def test_queued_calls_leave_in_fifo_order_as_slots_free() -> None:
     s = Scheduler(2, "least_loaded", max_in_flight=1)
     assert [s.submit(0).actor for _ in range(5)] == [0, 1, -1, -1, -1]
-    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, True)] == [(3, 1)]
-    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, True)] == [(4, 0)]
-    assert [(d.ticket, d.actor) for d in s.complete(0, 1.0, 2.0, True)] == [(5, 0)]
+    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, 0)] == [(3, 1)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, 0)] == [(4, 0)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 1.0, 2.0, 0)] == [(5, 0)]
     assert s.queued() == 0
     assert s.in_flight() == [1, 1]
 
@@ -427,9 +450,9 @@ def test_a_drain_serves_the_oldest_ticket_across_groups() -> None:
     dispatch(s, 0)
     dispatch(s, 0)
     queued = [s.submit(left).ticket, s.submit(0).ticket, s.submit(left).ticket]
-    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, True)] == [(queued[0], 0)]
-    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, True)] == [(queued[1], 1)]
-    assert [(d.ticket, d.actor) for d in s.complete(0, 1.0, 2.0, True)] == [(queued[2], 0)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, 0)] == [(queued[0], 0)]
+    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, 0)] == [(queued[1], 1)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 1.0, 2.0, 0)] == [(queued[2], 0)]
 
 
 def test_with_unbounded_slots_nothing_queues() -> None:
@@ -447,7 +470,7 @@ def test_cancel_removes_a_queued_call_once() -> None:
     assert not s.cancel(running.ticket)
     assert not s.cancel(12345)
     assert s.queued() == 0
-    assert s.complete(0, 0.0, 1.0, True) == []
+    assert s.complete(0, 0.0, 1.0, 0) == []
 
 
 # Groups share one load table
@@ -474,7 +497,7 @@ def test_a_slot_freed_by_a_call_of_one_group_serves_another_groups_queue() -> No
     assert s.submit(0).actor == 0
     assert s.submit(0).actor == 1
     waiting = s.submit(only_one)
-    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, True)] == [(waiting.ticket, 1)]
+    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, 0)] == [(waiting.ticket, 1)]
 
 
 # Liveness
@@ -506,14 +529,14 @@ def test_mark_dead_returns_tickets_that_can_never_run() -> None:
     assert [(d.ticket, d.actor) for d in s.mark_dead(0)] == [(stranded, -1)]
     assert s.mark_dead(0) == []
     assert s.queued() == 1
-    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, True)] == [(still_runnable, 1)]
+    assert [(d.ticket, d.actor) for d in s.complete(1, 0.0, 1.0, 0)] == [(still_runnable, 1)]
 
 
 def test_calls_in_flight_on_a_dead_actor_still_complete() -> None:
     s = Scheduler(1)
     dispatch(s)
     s.mark_dead(0)
-    assert s.complete(0, 0.0, 1.0, False) == []
+    assert s.complete(0, 0.0, 1.0, 1) == []
     assert s.in_flight() == [0]
 
 
@@ -667,10 +690,10 @@ def test_picker_error_carries_dispatched_and_failed_calls() -> None:
     good_last = s.submit(0).ticket
     fail = True
     s.acquire(0)  # three in flight: the next two completes free one slot, then two
-    assert s.complete(0, 0.0, 1.0, True) == []
-    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, True)] == [(good_first, 0)]
+    assert s.complete(0, 0.0, 1.0, 0) == []
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 1.0, 0)] == [(good_first, 0)]
     with pytest.raises(_native.PickerError, match="ZeroDivisionError: picker bug") as caught:
-        s.complete(0, 1.0, 2.0, True)
+        s.complete(0, 1.0, 2.0, 0)
     error = caught.value
     assert isinstance(error.__cause__, ZeroDivisionError)
     assert [d.ticket for d in error.failed] == [bad]
@@ -735,9 +758,9 @@ def run_threads(s: Scheduler, threads: int, calls: int) -> None:
                 if decision.actor >= 0:
                     running.append(decision.actor)
                 if len(running) > 2:
-                    running.extend(d.actor for d in s.complete(running.popleft(), 0.0, 1e-3, True))
+                    running.extend(d.actor for d in s.complete(running.popleft(), 0.0, 1e-3, 0))
             while running:
-                running.extend(d.actor for d in s.complete(running.popleft(), 0.0, 1e-3, True))
+                running.extend(d.actor for d in s.complete(running.popleft(), 0.0, 1e-3, 0))
         except BaseException as err:  # reported by the main thread
             errors.append(err)
 
@@ -776,7 +799,7 @@ def test_a_queued_call_comes_back_with_its_payload_when_a_slot_frees() -> None:
     dispatch(s)
     waiting = Payload("waiting")
     assert s.submit(0, payload=waiting).actor == -1
-    [decision] = s.complete(0, 0.0, 1.0, True)
+    [decision] = s.complete(0, 0.0, 1.0, 0)
     assert (decision.payload, decision.actor) == (waiting, 0)
 
 
@@ -821,7 +844,7 @@ def test_take_queued_empties_every_queue_in_ticket_order() -> None:
     s.submit(0, payload=second)
     assert [d.payload for d in s.take_queued()] == [first, second]
     assert s.queued() == 0
-    assert s.complete(0, 0.0, 1.0, True) == []
+    assert s.complete(0, 0.0, 1.0, 0) == []
 
 
 def test_a_cycle_through_a_queued_payload_is_collected() -> None:
@@ -851,7 +874,7 @@ def test_a_failed_pick_hands_back_the_payload_of_the_call_it_failed() -> None:
     s.submit(0, payload=waiting)
     fail = True
     with pytest.raises(_native.PickerError) as caught:
-        s.complete(0, 0.0, 1.0, True)
+        s.complete(0, 0.0, 1.0, 0)
     assert [d.payload for d in caught.value.failed] == [waiting]
 
 
@@ -863,7 +886,7 @@ def test_complete_without_drain_leaves_the_queue_to_drain() -> None:
     dispatch(s)
     waiting = Payload("waiting")
     s.submit(0, payload=waiting)
-    assert s.complete(0, 0.0, 1.0, True, drain=False) == []
+    assert s.complete(0, 0.0, 1.0, 0, drain=False) == []
     assert s.queued() == 1
     assert [d.payload for d in s.drain(0)] == [waiting]
 
@@ -872,7 +895,7 @@ def test_a_new_call_does_not_overtake_calls_whose_drain_is_pending() -> None:
     s = Scheduler(1, "pull")
     dispatch(s)
     s.submit(0, payload=Payload("older"))
-    s.complete(0, 0.0, 1.0, True, drain=False)
+    s.complete(0, 0.0, 1.0, 0, drain=False)
     newer = s.submit(0, payload=Payload("newer"))
     assert newer.actor == -1
     assert [d.payload.name for d in s.drain(0)] == ["older"]
@@ -915,7 +938,7 @@ def test_restarting_twice_is_one_restart() -> None:
 def fail_calls(s: Scheduler, actor: int, count: int, at: float = 1.0) -> None:
     for _ in range(count):
         s.acquire(actor)
-        s.complete(actor, at, at, False)
+        s.complete(actor, at, at, 1)
 
 
 def test_an_actor_that_fails_calls_in_a_row_is_passed_over() -> None:
@@ -931,9 +954,51 @@ def test_a_success_resets_the_count_of_failures_in_a_row() -> None:
     s = Scheduler(1, eject_after=2)
     fail_calls(s, 0, 1)
     s.acquire(0)
-    s.complete(0, 1.0, 1.0, True)
+    s.complete(0, 1.0, 1.0, 0)
     fail_calls(s, 0, 1)
     assert s.ejected() == [False]
+
+
+def test_failed_calls_in_tasks_with_successes_never_eject_a_healthy_actor() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=3)
+    for _ in range(10):  # a map with one input in ten raising, ten calls a task
+        for _ in range(10):
+            s.acquire(0)
+        s.complete(0, 1.0, 1.01, 1, calls=10)
+    assert s.ejected() == [False, False]
+
+
+def test_a_failed_task_counts_each_of_its_calls_towards_ejection() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=3)
+    for _ in range(3):
+        s.acquire(0)
+    s.complete(0, 1.0, 1.01, 3, calls=3)
+    assert s.ejected() == [True, False]
+
+
+def test_complete_refuses_a_bool_or_a_count_of_failures_beyond_the_task() -> None:
+    s = Scheduler(1)
+    s.acquire(0)
+    with pytest.raises(TypeError, match="failed=True"):
+        s.complete(0, 0.0, 1.0, True)
+    with pytest.raises(ValueError, match="failed 2: must be in"):
+        s.complete(0, 0.0, 1.0, 2)
+    assert s.in_flight() == [1]
+
+
+def test_an_actor_readmitted_after_an_ejection_is_tried_by_the_next_call() -> None:
+    s = started(Scheduler(2, "adaptive", eject_after=1, eject_base_s=1.0))
+    measure(s, 0, 0.001, times=5)
+    measure(s, 1, 0.001, times=5)
+    fail_calls(s, 1, 1, at=10.0)
+    assert s.ejected() == [False, True]
+    picks = []
+    for step in range(40):  # one call at a time, each ending before the next
+        now = 10.5 + step * 0.1  # the ejection ends at 11.0, after 5 calls
+        actor = s.submit(0, now_s=now).actor
+        picks.append(actor)
+        s.complete(actor, now, now + 0.001, 0)
+    assert picks[:6] == [0, 0, 0, 0, 0, 1]  # its speed is unknown again: it is measured first
 
 
 def test_an_ejected_actor_still_serves_when_it_is_the_only_eligible_one() -> None:
@@ -1050,7 +1115,7 @@ def test_a_group_removed_with_calls_waiting_keeps_serving_them_then_goes() -> No
     s.submit(only_one, payload=waiting)
     s.remove_group(only_one)
     assert s.num_groups() == 2
-    assert [d.payload for d in s.complete(1, 0.0, 1.0, True)] == [waiting]
+    assert [d.payload for d in s.complete(1, 0.0, 1.0, 0)] == [waiting]
     assert s.num_groups() == 1
 
 
@@ -1063,9 +1128,9 @@ def test_a_group_added_again_while_its_queue_drains_goes_after_its_last_removal(
     s.remove_group(pair)
     assert s.add_group([0, 1]) == pair  # the view comes back before its queue is empty
     s.remove_group(pair)
-    s.complete(0, 0.0, 1.0, True)
-    s.complete(1, 0.0, 1.0, True)
-    s.complete(0, 0.0, 1.0, True)
+    s.complete(0, 0.0, 1.0, 0)
+    s.complete(1, 0.0, 1.0, 0)
+    s.complete(0, 0.0, 1.0, 0)
     assert s.num_groups() == 1
 
 
@@ -1089,7 +1154,7 @@ def test_a_picker_sees_the_payload_of_the_call_it_places() -> None:
     first, second = Payload("first"), Payload("second")
     s.submit(0, payload=first)
     s.submit(0, payload=second)
-    s.complete(0, 0.0, 1.0, True)
+    s.complete(0, 0.0, 1.0, 0)
     assert seen == [first, second]
 
 
@@ -1123,7 +1188,7 @@ def test_adaptive_holds_one_task_per_actor_until_its_calls_are_measured_short() 
     s = started(Scheduler(2, "adaptive", max_tasks=2, pipeline_s=0.002))
     assert sorted([dispatch(s), dispatch(s)]) == [0, 1]
     assert s.submit(0).actor == -1  # unmeasured: no second task behind a running one
-    [drained] = s.complete(0, 0.0, 0.0005, True)  # short: a second task may wait behind one
+    [drained] = s.complete(0, 0.0, 0.0005, 0)  # short: a second task may wait behind one
     assert drained.actor == 0
     assert dispatch(s) == 0 and s.tasks() == [2, 1]
     assert s.submit(0).actor == -1  # two tasks: full
@@ -1132,7 +1197,7 @@ def test_adaptive_holds_one_task_per_actor_until_its_calls_are_measured_short() 
 def test_adaptive_keeps_an_actor_measured_slow_to_one_task() -> None:
     s = Scheduler(1, "adaptive", max_tasks=2, pipeline_s=0.002)
     dispatch(s)
-    s.complete(0, 0.0, 0.02, True)
+    s.complete(0, 0.0, 0.02, 0)
     dispatch(s)
     assert s.submit(0).actor == -1
     assert s.tasks() == [1]
@@ -1160,7 +1225,7 @@ def backlogged(queued: int, samples: dict[int, list[float]] | None = None,
 
 def tasks_sent(s: Scheduler, actor: int = 0) -> int:
     """`actor` ends its task: how many tasks its freed slot sends it."""
-    drained = s.complete(actor, 100.0, 100.01, True)
+    drained = s.complete(actor, 100.0, 100.01, 0)
     assert {d.actor for d in drained} <= {actor}
     return len(drained)
 
@@ -1210,7 +1275,7 @@ def test_adaptive_picks_the_least_loaded_then_the_idle_actor_used_last_or_busy_o
         measure(s, actor, 0.001, times=2)  # the second sample is the first beyond start-up
     assert dispatch(s) == 2  # all idle: the one used last
     assert dispatch(s) == 0  # 2 is busy: the one used before it
-    s.complete(0, 0.002, 0.003, True)
+    s.complete(0, 0.002, 0.003, 0)
     assert dispatch(s) == 0  # idle again, and the most recent
     s.acquire(1)
     assert dispatch(s) == 2  # every actor has a call: 2 has had its own longest
@@ -1222,23 +1287,23 @@ def test_a_batch_is_one_task_carrying_several_calls_in_flight() -> None:
     dispatch(s)
     waiting = [Payload(str(i)) for i in range(3)]
     tickets = [s.submit(0, payload=p).ticket for p in waiting]
-    [batch] = s.complete(0, 0.0, 1e-4, True)
+    [batch] = s.complete(0, 0.0, 1e-4, 0)
     assert (batch.actor, batch.tickets, batch.payloads) == (0, tickets, waiting)
     assert (batch.ticket, batch.payload) == (tickets[0], waiting[0])
     assert (s.in_flight(), s.tasks()) == ([3], [1])
-    assert s.complete(0, 0.0, 3e-4, True, calls=3) == []
+    assert s.complete(0, 0.0, 3e-4, 0, calls=3) == []
     assert (s.in_flight(), s.tasks()) == ([0], [0])
 
 
 def test_a_batch_is_bounded_by_coalesce() -> None:
     s = busy_with_queue(10, coalesce=4)
-    [batch] = s.complete(0, 0.0, 1e-5, True)
+    [batch] = s.complete(0, 0.0, 1e-5, 0)
     assert len(batch.tickets) == 4
 
 
 def test_a_batch_is_bounded_by_the_budget_of_expected_service_time() -> None:
     s = busy_with_queue(10, coalesce=64, batch_budget_s=0.002)
-    [batch] = s.complete(0, 0.0, 0.0005, True)  # 0.5 ms a call: 4 fit in 2 ms
+    [batch] = s.complete(0, 0.0, 0.0005, 0)  # 0.5 ms a call: 4 fit in 2 ms
     assert len(batch.tickets) == 4
 
 
@@ -1247,7 +1312,7 @@ def test_calls_slower_than_the_budget_go_alone() -> None:
     dispatch(s)
     for _ in range(3):
         s.submit(0)
-    assert [len(d.tickets) for d in s.complete(0, 0.0, 0.02, True)] == [1]
+    assert [len(d.tickets) for d in s.complete(0, 0.0, 0.02, 0)] == [1]
 
 
 def test_an_unmeasured_method_starts_with_small_batches() -> None:
@@ -1257,10 +1322,10 @@ def test_an_unmeasured_method_starts_with_small_batches() -> None:
     for _ in range(10):
         s.submit(0, method=slow)
     # The completion measured method 0, not `slow`: its calls are expected to take budget / 4.
-    [batch] = s.complete(0, 0.0, 1e-5, True)
+    [batch] = s.complete(0, 0.0, 1e-5, 0)
     assert len(batch.tickets) == 4
     assert math.isnan(s.method_latency_s(slow))
-    s.complete(0, 1.0, 1.004, True, calls=4, method=slow)
+    s.complete(0, 1.0, 1.004, 0, calls=4, method=slow)
     assert s.method_latency_s(slow) == pytest.approx(0.001)
 
 
@@ -1280,7 +1345,7 @@ def test_pull_with_one_slot_never_batches() -> None:
     for _ in range(5):
         s.submit(0)
     for _ in range(5):
-        [drained] = s.complete(0, 0.0, 1e-5, True)
+        [drained] = s.complete(0, 0.0, 1e-5, 0)
         assert len(drained.tickets) == 1
 
 
@@ -1290,7 +1355,7 @@ def test_calls_of_a_method_declared_alone_never_ride_a_batch() -> None:
     dispatch(s)
     for _ in range(3):
         s.submit(0, method=alone)
-    assert [len(d.tickets) for d in s.complete(0, 0.0, 1e-5, True)] == [1]
+    assert [len(d.tickets) for d in s.complete(0, 0.0, 1e-5, 0)] == [1]
 
 
 def test_a_call_that_may_not_ride_ends_the_batch_before_it_and_keeps_its_place() -> None:
@@ -1299,11 +1364,11 @@ def test_a_call_that_may_not_ride_ends_the_batch_before_it_and_keeps_its_place()
     first, second = s.submit(0).ticket, s.submit(0).ticket
     lone = s.submit(0, alone=True).ticket
     last = s.submit(0).ticket
-    [batch] = s.complete(0, 0.0, 1e-5, True)
+    [batch] = s.complete(0, 0.0, 1e-5, 0)
     assert batch.tickets == [first, second]
-    [alone] = s.complete(0, 0.0, 1e-5, True, calls=2)
+    [alone] = s.complete(0, 0.0, 1e-5, 0, calls=2)
     assert alone.tickets == [lone]
-    [rest] = s.complete(0, 0.0, 1e-5, True)
+    [rest] = s.complete(0, 0.0, 1e-5, 0)
     assert rest.tickets == [last]
 
 
@@ -1319,7 +1384,7 @@ def test_a_batch_takes_the_calls_waiting_in_every_group_of_its_actor_oldest_firs
     dispatch(s)
     dispatch(s)
     order = [s.submit(g).ticket for g in (only_zero, 0, only_zero, 0)]
-    [batch] = s.complete(0, 0.0, 1e-5, True)
+    [batch] = s.complete(0, 0.0, 1e-5, 0)
     assert batch.tickets == order
 
 
@@ -1328,37 +1393,42 @@ def test_a_batch_carries_keyed_calls_only_where_keys_stick_natively() -> None:
     dispatch(s)
     s.submit(0, affinity=5)
     s.submit(0, affinity=6)
-    assert [len(d.tickets) for d in s.complete(0, 0.0, 1e-5, True)] == [2]
+    assert [len(d.tickets) for d in s.complete(0, 0.0, 1e-5, 0)] == [2]
     by_key = Scheduler(1, picker=first_picker, sticky=False, coalesce=8, max_in_flight=1)
     dispatch(by_key)
     by_key.submit(0, affinity=5)
     by_key.submit(0, affinity=6)
-    assert [len(d.tickets) for d in by_key.complete(0, 0.0, 1e-5, True)] == [1]
+    assert [len(d.tickets) for d in by_key.complete(0, 0.0, 1e-5, 0)] == [1]
 
 
-def test_completing_a_batch_samples_each_call_and_counts_one_failure_for_ejection() -> None:
+def test_completing_a_batch_samples_each_call_and_counts_each_failed_call_for_ejection() -> None:
     s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8, ewma_alpha=0.5, eject_after=2)
     for _ in range(5):
         s.submit(0)
-    s.complete(0, 0.0, 0.0001, True)  # the first call alone: 0.1 ms
-    s.complete(0, 1.0, 1.0004, True, calls=4)  # 4 calls in 0.4 ms: 0.1 ms each
+    s.complete(0, 0.0, 0.0001, 0)  # the first call alone: 0.1 ms
+    s.complete(0, 1.0, 1.0004, 0, calls=4)  # 4 calls in 0.4 ms: 0.1 ms each
     assert s.mean_latency_s()[0] == pytest.approx(0.0001)
-    s.acquire(0)
-    s.complete(0, 2.0, 2.1, False)
-    assert s.ejected() == [False]  # one failed task is one failure in a row, whatever its size
+    for _ in range(2):
+        s.acquire(0)
+    s.complete(0, 2.0, 2.1, 1, calls=2)
+    assert s.ejected() == [False]  # one failed call after a success: one failure in a row
+    for _ in range(2):
+        s.acquire(0)
+    s.complete(0, 3.0, 3.1, 2, calls=2)
+    assert s.ejected() == [True]  # two failed calls in one task: two failures in a row
 
 
 def test_a_task_of_more_calls_than_in_flight_cannot_complete() -> None:
     s = Scheduler(1)
     dispatch(s)
     with pytest.raises(RuntimeError, match="calls=2.*1 calls in 1 tasks"):
-        s.complete(0, 0.0, 1.0, True, calls=2)
+        s.complete(0, 0.0, 1.0, 0, calls=2)
     assert (s.in_flight(), s.tasks()) == ([1], [1])
 
 
 def test_release_gives_back_the_calls_of_a_batch_not_sent_and_its_task() -> None:
     s = busy_with_queue(3, coalesce=8)
-    s.complete(0, 0.0, 1e-5, True)
+    s.complete(0, 0.0, 1e-5, 0)
     assert (s.in_flight(), s.tasks()) == ([3], [1])
     s.release(0, calls=1, task=False)  # one call of the batch was cancelled before the send
     assert (s.in_flight(), s.tasks()) == ([2], [1])
@@ -1377,13 +1447,13 @@ def test_an_unknown_method_is_an_index_error() -> None:
 def test_snapshot_gives_every_actors_load_at_once() -> None:
     s = started(Scheduler(2, "adaptive", eject_after=1), 1)
     s.acquire(0)
-    s.complete(0, 0.0, 0.25, False)
+    s.complete(0, 0.0, 0.25, 1)
     s.acquire(1)
-    s.complete(1, 0.0, 0.5, True)
+    s.complete(1, 0.0, 0.5, 0)
     s.acquire(1)
     s.mark_dead(0, restarting=True)
-    [zero, one] = s.snapshot()
-    assert zero[:2] == (0, 0) and math.isnan(zero[2]) and zero[3:] == ("restarting", True, 0)
+    [zero, one] = s.snapshot()  # actor 0's failed call of 0.25 s: a penalty of twice that
+    assert zero == (0, 0, 0.5, "restarting", True, 0)
     assert one == (1, 1, 0.5, "alive", False, 0)
 
 
@@ -1395,6 +1465,77 @@ def rated(s: Scheduler, times: dict[int, float]) -> Scheduler:
     for actor, seconds in times.items():
         complete_one_after_another(s, actor, [seconds] * 30)
     return s
+
+
+def library_adaptive(num_actors: int, **settings: Any) -> Scheduler:
+    """The scheduler the library gives a mesh of actors that run one call at a time."""
+    defaults: dict[str, Any] = {
+        "max_tasks": 2, "pipeline_s": 0.002, "pipeline_backlog": True, "coalesce": 64,
+        "batch_budget_s": 0.002, "hold_ratio": 5.0, "eject_after": 5, "seed": 1}
+    return Scheduler(num_actors, "adaptive", **{**defaults, **settings})
+
+
+class Fleet:
+    """Actors and one driver on a virtual clock, for behaviour that needs many events. Actor `a`
+    runs its tasks in order, `seconds[a]` a call; the calls of actors in `failing` raise. The
+    driver handles one event at a time and spends `task_s` + `call_s` per call of every task it
+    sends or ends: its completions are seen late when it is busy, as on Ray."""
+
+    def __init__(self, s: Scheduler, seconds: list[float], failing: frozenset[int] = frozenset(),
+                 task_s: float = 0.0, call_s: float = 0.0) -> None:
+        self.s, self.seconds, self.failing = s, list(seconds), failing
+        self.task_s, self.call_s = task_s, call_s
+        self.sent = [0] * len(seconds)  # calls sent to each actor
+        self.tasks = 0
+        self.clock = 0.0  # the driver's: when it is free again
+        self._free = [0.0] * len(seconds)  # when each actor is done with what it was sent
+        self._ends: list[tuple[float, int, int, int, float]] = []  # (end, seq, actor, calls, sent)
+
+    def _send(self, actor: int, calls: int) -> None:
+        self.clock += self.task_s + calls * self.call_s
+        self.sent[actor] += calls
+        self.tasks += 1
+        start = max(self.clock, self._free[actor])
+        self._free[actor] = start + calls * self.seconds[actor]
+        heapq.heappush(self._ends, (self._free[actor], self.tasks, actor, calls, self.clock))
+
+    def _end_next(self) -> None:
+        end, _, actor, calls, sent = heapq.heappop(self._ends)
+        self.clock = max(self.clock, end) + self.task_s + calls * self.call_s
+        failed = calls if actor in self.failing else 0
+        for d in self.s.complete(actor, sent, self.clock, failed, calls=calls):
+            self._send(d.actor, len(d.tickets))
+
+    def burst(self, calls: int) -> float:
+        """Submits `calls` calls at once and runs until every one has ended; returns how long
+        that took."""
+        began = self.clock
+        for _ in range(calls):
+            self.clock += self.call_s
+            d = self.s.submit(0, now_s=self.clock)
+            if d.actor >= 0:
+                self._send(d.actor, 1)
+        while self._ends:
+            self._end_next()
+        assert self.s.queued() == 0 and sum(self.s.in_flight()) == 0
+        return self.clock - began
+
+
+def test_adaptive_sends_an_actor_that_fails_fast_no_more_than_its_share_of_any_burst() -> None:
+    fleet = Fleet(library_adaptive(8), [0.001] * 7 + [0.00001], failing=frozenset({7}))
+    for _ in range(6):
+        before = list(fleet.sent)
+        fleet.burst(400)
+        assert fleet.sent[7] - before[7] <= 400 / 8
+        fleet.clock += 1.0  # its ejection ends: it is tried again
+
+
+def test_without_ejection_failures_alone_keep_an_actor_that_fails_fast_to_its_share() -> None:
+    fleet = Fleet(library_adaptive(8, eject_after=0), [0.001] * 7 + [0.00001],
+                  failing=frozenset({7}))
+    for _ in range(8):
+        fleet.burst(400)
+    assert fleet.sent[7] <= sum(fleet.sent) / 8
 
 
 def test_adaptive_tries_an_unmeasured_actor_then_the_faster_class_first() -> None:
@@ -1414,7 +1555,7 @@ def test_a_call_is_held_back_from_a_free_straggler_for_a_faster_actor() -> None:
     s = straggler_mesh()
     held = s.submit(0)
     assert held.actor == -1 and s.in_flight() == [1, 1, 0]
-    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 0.01, True)] == [(held.ticket, 0)]
+    assert [(d.ticket, d.actor) for d in s.complete(0, 0.0, 0.01, 0)] == [(held.ticket, 0)]
 
 
 def test_a_long_queue_is_worth_the_straggler() -> None:
@@ -1422,7 +1563,7 @@ def test_a_long_queue_is_worth_the_straggler() -> None:
     tickets = [s.submit(0).ticket for _ in range(50)]
     # 48 calls still wait once actor 0 has taken the first: they keep 0 and 1 busy for 0.24 s,
     # longer than the straggler takes for one.
-    drained = s.complete(0, 0.0, 0.01, True)
+    drained = s.complete(0, 0.0, 0.01, 0)
     assert [(d.ticket, d.actor) for d in drained] == [(tickets[0], 0), (tickets[1], 2)]
 
 
@@ -1443,7 +1584,7 @@ def test_a_hold_over_after_the_straggler_was_taken_leaves_no_timer_due() -> None
     s.acquire(2)  # the straggler is taken meanwhile (an `all`, another view): nobody is free
     assert s.expire_holds(s.hold_deadline_s()) == []
     assert s.hold_deadline_s() == math.inf  # no deadline in the past for a timer to spin on
-    [decision] = s.complete(0, 100.0, 100.01, True)  # the call goes with the next free slot
+    [decision] = s.complete(0, 100.0, 100.01, 0)  # the call goes with the next free slot
     assert decision.actor == 0
 
 
@@ -1451,7 +1592,7 @@ def test_one_long_call_of_a_heavy_tail_does_not_make_an_actor_a_straggler() -> N
     s = rated(Scheduler(3, "adaptive", max_tasks=1, hold_ratio=3.0),
               {0: 0.01, 1: 0.01, 2: 0.01})
     s.acquire(2)
-    s.complete(2, 10.0, 10.3, True)  # 30x its usual time, once
+    s.complete(2, 10.0, 10.3, 0)  # 30x its usual time, once
     assert sorted([dispatch(s), dispatch(s)]) == [0, 1]
     assert dispatch(s) == 2  # free, and not held back for the others
 
@@ -1463,7 +1604,7 @@ def became_slow(samples: list[float]) -> Scheduler:
     now = 1000.0
     for sample in samples:
         s.acquire(2)
-        s.complete(2, now, now + sample, True)
+        s.complete(2, now, now + sample, 0)
         now += sample
     s.acquire(0)
     s.acquire(1)
@@ -1492,7 +1633,7 @@ def test_a_stall_that_lengthens_every_actors_latest_calls_makes_none_a_straggler
         now = 1000.0
         for _ in range(3):
             s.acquire(actor)
-            s.complete(actor, now, now + 0.2, True)
+            s.complete(actor, now, now + 0.2, 0)
             now += 0.2
     for actor in range(4):
         s.acquire(actor)
@@ -1514,14 +1655,14 @@ def test_a_straggler_passed_over_is_tried_again_and_its_stale_estimate_replaced(
             break
         # held: the next fast actor to finish takes it (a call of 10 ms)
         ended = 100.0 + 0.01 * sent
-        [taken] = s.complete(busy[sent % 2], ended - 0.01, ended, True)
+        [taken] = s.complete(busy[sent % 2], ended - 0.01, ended, 0)
         assert taken.actor == busy[sent % 2]
     # Its 0.2 s counts half as much every 200 tasks per actor (600 here). Its latest calls were
     # all slow, so it stays a straggler below the bar (hold_ratio 3 times the others' 10 ms): it
     # is tried again once it no longer counts over the wait for a faster actor, (1 + 2) / 200
     # calls/s = 15 ms, after ~2,240 tasks (without that evidence, ~1,640).
     assert 2100 < sent < 2400
-    s.complete(2, 200.0, 200.01, True)  # it has recovered
+    s.complete(2, 200.0, 200.01, 0)  # it has recovered
     assert s.mean_latency_s()[2] == pytest.approx(0.01)
 
 
@@ -1553,7 +1694,7 @@ def test_calls_waiting_for_a_slot_come_before_a_hedge() -> None:
     first = dispatch(s)
     dispatch(s)
     s.submit(0)
-    s.complete(1 - first, 0.0, 0.01, True)  # its slot goes to the waiting call
+    s.complete(1 - first, 0.0, 0.01, 0)  # its slot goes to the waiting call
     assert s.hedge(0, first) == -1
 
 

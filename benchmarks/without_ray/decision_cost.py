@@ -39,7 +39,7 @@ SIZES = (16, 256, 4096)
 
 class _Scheduler(Protocol):
     def submit(self, group: int, affinity: int | None = None) -> Any: ...
-    def complete(self, actor: int, started_s: float, ended_s: float, ok: bool) -> list[Any]: ...
+    def complete(self, actor: int, started_s: float, ended_s: float, failed: int) -> list[Any]: ...
 
 
 def least_loaded_picker(
@@ -62,7 +62,7 @@ class _NoOpScheduler:
     def submit(self, group: int, affinity: int | None = None) -> _NoOpScheduler._Decision:
         return self._decision
 
-    def complete(self, actor: int, started_s: float, ended_s: float, ok: bool) -> list[Any]:
+    def complete(self, actor: int, started_s: float, ended_s: float, failed: int) -> list[Any]:
         return []
 
 
@@ -75,7 +75,7 @@ def _loop_ns(scheduler: _Scheduler, num_actors: int, decisions: int) -> float:
     for _ in range(decisions):
         running.append(submit(0).actor)
         clock += 1e-6
-        complete(running.popleft(), clock - 1e-5, clock, True)
+        complete(running.popleft(), clock - 1e-5, clock, 0)
     return (time.thread_time_ns() - start) / decisions
 
 
@@ -89,7 +89,7 @@ def _decisions(scheduler: _Scheduler, num_actors: int, decisions: int) -> list[i
         chosen.append(actor)
         running.append(actor)
         clock += 1e-6
-        complete = scheduler.complete(running.popleft(), clock - 1e-5, clock, True)
+        complete = scheduler.complete(running.popleft(), clock - 1e-5, clock, 0)
         chosen += [d.actor for d in complete]
     return chosen
 

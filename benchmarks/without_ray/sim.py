@@ -130,7 +130,7 @@ def simulate(scheduler: Any, arrivals: np.ndarray, service: np.ndarray,
             push(heap, (now + svc[nxt] * slow[actor], actor))
         else:
             running[actor] = -1
-        for decision in complete(actor, sent[call], now, True):
+        for decision in complete(actor, sent[call], now, 0):
             dispatch(pending.pop(decision.ticket), decision.actor, now)
     return np.asarray(end)
 
