@@ -143,7 +143,7 @@ class Shared:
         self._creator = creator
         self._driver = uuid.uuid4().hex
         self._handle: Any = None
-        self._path: str | None = table_path(record.incarnation)
+        self._path: str | None = table_path(record.table)
         try:
             scheduler.share_load(self._path)
         except RuntimeError as err:

@@ -63,6 +63,11 @@ class Record:
     closing: bool = False
 
     @property
+    def table(self) -> str:
+        """The token of the mesh's load table (`_drivers.table_path`): its incarnation."""
+        return self.incarnation
+
+    @property
     def shape(self) -> Shape:
         return Shape(dict(zip(self.dims, self.sizes)))
 

@@ -30,7 +30,7 @@ class Peer:
         """Make a mesh of `size` Workers named `name`; the path of its load table."""
         self.meshes[name] = am.ActorMesh(Worker, shape=size, num_cpus=0.1, name=name)
         record, _ = _named.find(name)
-        return _drivers.table_path(record.incarnation)
+        return _drivers.table_path(record.table)
 
     def connect(self, name: str, balancer: str = "adaptive") -> dict[str, Any]:
         mesh = am.ActorMesh.connect(name, balancer=balancer)

@@ -127,6 +127,20 @@ def test_the_last_driver_to_leave_a_table_removes_its_file(tmp_path: Any) -> Non
     assert not path.exists()
 
 
+def test_a_janitor_removes_the_unused_tables_it_finds_and_nothing_else(
+        reader: tuple[str, _native.Scheduler], tmp_path: Any) -> None:
+    in_use, _ = reader
+    left = str(tmp_path / "table-left")
+    Driver(left, "").end()  # a driver without a janitor, killed: its table stays
+    notes = tmp_path / "table-notes"
+    notes.write_text("not a table")
+    # With nothing to watch (stdin closed), the janitor sweeps the folder and exits.
+    subprocess.run([sys.executable, "-I", "-S", _drivers._JANITOR, str(tmp_path), "table"],
+                   stdin=subprocess.DEVNULL, timeout=60, check=True)
+    assert os.path.exists(in_use) and notes.exists()
+    assert not os.path.exists(left)
+
+
 def test_the_table_of_a_killed_creator_is_removed_within_seconds(ray_cluster: None) -> None:
     creator = PeerDriver()
     try:
