@@ -43,8 +43,8 @@ def remove_if_unused(path: str) -> bool:
         except OSError:
             return False  # a user holds it
         header = os.pread(fd, 8, 0)
-        # An empty file is a table that its first user is about to size.
-        if header and int.from_bytes(header[4:8], sys.byteorder) != MAGIC:
+        # An empty or zeroed header: a table whose first user has not sized or marked it yet.
+        if header.strip(b"\0") and int.from_bytes(header[4:8], sys.byteorder) != MAGIC:
             return True
         opened = os.fstat(fd)
         try:
