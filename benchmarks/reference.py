@@ -33,7 +33,8 @@ Shared rules, native and here:
   that actor (in any of its groups, oldest first) join the task while each may ride (neither it
   nor its method is alone), the task has fewer than `coalesce` calls, the actor a free call slot,
   and their expected service times (the method's ewma_s, or batch_budget_s / 4 unmeasured) fit
-  the rest of batch_budget_s.
+  the rest of batch_budget_s. Under a backlog (see `_budget`) the budget grows with its depth
+  and a task takes at least two calls.
 - Service time: a task of k calls is k samples of an equal share of its duration: the EWMA moves
   by the weight 1 - (1 - alpha)**k (alpha for one call). The method's estimate, and the actor's
   one for the pipeline rule (`low_s`), rise RISE_SLOWER times slower than they fall: samples
@@ -114,6 +115,7 @@ class ActorLoad:
     last_end_s: float = -math.inf
     fresh: bool = True  # the next sample is the incarnation's first: it may include start-up
     stale: bool = False  # not sent a task for long: the next sample replaces the estimate
+    failures_in_a_row: int = 0  # a task's failures counted as its latest calls
 
     @property
     def known(self) -> bool:
@@ -173,6 +175,7 @@ HEDGE_SLOWER = 2.0  # a hedge never goes to an actor over this many times slower
 BACKLOG = 2  # a backlog: this many queued calls per live member of the group
 BACKLOG_TAIL = 5.0  # a backlog's second task: the method's p90 within this x its median
 BACKLOG_SLOWER = 2.0  # and the actor not over this x slower than the others
+BACKLOG_BUDGETS = 8.0  # under a backlog a batch may be expected to take this many budgets
 UNKNOWN_CLASS = -(2**31)
 
 
@@ -401,6 +404,7 @@ class Scheduler:
         rating = self._rating(actor)
         load.in_flight -= calls
         load.tasks -= 1
+        load.failures_in_a_row = failed + (load.failures_in_a_row if failed == calls else 0)
         if timed:
             self._record(load, started_s, ended_s, failed, calls, self._methods[method])
         self._blocked += was - self._eligible(actor)
@@ -445,6 +449,7 @@ class Scheduler:
             return []
         self._set_alive(actor, True)  # a new process: its speed is to be measured again
         self._loads[actor].fresh = True  # and its first call may wait for __init__
+        self._loads[actor].failures_in_a_row = 0
         return self._drain(actor)
 
     # Views
@@ -668,8 +673,7 @@ class Scheduler:
         call = g.queue[0]
         if call.affinity is not None:
             return
-        others, rate, _ = self._others(g, actor)
-        if others > 0 and load.low_s * rate > BACKLOG_SLOWER * others:
+        if not self._not_slower(g, actor):
             return
         if not (self.method_quantile_s(call.method, 0.9)
                 <= BACKLOG_TAIL * self.method_quantile_s(call.method, 0.5)):
@@ -682,15 +686,33 @@ class Scheduler:
         """`call`, just taken out of `g`'s queue, opens a task on `actor` (with the calls that
         ride); a hold of `g` ends."""
         self._add_load(actor, 1, 1)
+        budget = self._budget(g, actor)  # before the hold ends: the queue is what it was
         g.holding = False
-        return self._batch(actor, call)
+        return self._batch(actor, call, budget)
 
-    def _batch(self, actor: int, first: Queued) -> Decision:
+    def _budget(self, g: Group, actor: int) -> tuple[float, int]:
+        """The expected duration a task opened from `g`'s queue on `actor` may carry, and the
+        calls it takes whatever their times: under a backlog of BACKLOG calls per live member
+        (the first call included), on an actor measured not over BACKLOG_SLOWER times slower
+        than the others and whose latest call did not fail, the budget times the backlog's depth (at most BACKLOG_BUDGETS) and two calls."""
+        live = max(sum(self._loads[a].alive for a in g.members), 1)
+        depth = (len(g.queue) + 1) / (BACKLOG * live)
+        load = self._loads[actor]
+        if (depth < 1 or not load.known or load.failures_in_a_row
+                or not self._not_slower(g, actor)):
+            return self._budget_s, 1
+        return self._budget_s * min(depth, BACKLOG_BUDGETS), 2
+
+    def _not_slower(self, g: Group, actor: int) -> bool:
+        others, rate, _ = self._others(g, actor)
+        return others == 0 or self._loads[actor].low_s * rate <= BACKLOG_SLOWER * others
+
+    def _batch(self, actor: int, first: Queued, allowed: tuple[float, int]) -> Decision:
         """The task `first` opens on `actor`, with the waiting calls that ride along."""
         tickets = [first.ticket]
         if self.coalesce == 1 or not self._may_ride(first):
             return Decision(first.ticket, actor)
-        budget = self._budget_s - self._expected_s(first)
+        budget = allowed[0] - self._expected_s(first)
         while len(tickets) < self.coalesce and self._has_call_slot(actor):
             waiting = [self._groups[group] for group in self._memberships[actor]
                        if self._groups[group].queue]
@@ -698,7 +720,9 @@ class Scheduler:
                 break
             g = min(waiting, key=lambda group: group.queue[0].ticket)
             mate = g.queue[0]
-            if not self._may_ride(mate) or self._expected_s(mate) > budget:
+            if not self._may_ride(mate):
+                break
+            if self._expected_s(mate) > budget and len(tickets) >= allowed[1]:
                 break
             budget -= self._expected_s(mate)
             g.queue.popleft()

@@ -557,23 +557,61 @@ std::optional<uint32_t> Scheduler::oldest_queue(uint32_t actor, Accept accept) c
   return best;
 }
 
-// Coalescing: after `first` was dispatched to `actor` (the last decision in `out`), the calls
-// that wait for `actor` (in any of its groups, oldest first) join its task while each may ride,
-// the task holds fewer than `coalesce` calls, the actor has a free call slot, and the expected
-// service times add up to the budget. They stop at the first call that may not ride, so every
-// queue still leaves in FIFO order. Ties between groups go to the oldest ticket, as in a drain.
-void Scheduler::add_mates(uint32_t actor, const QueuedCall& first, Drain& out) {
+// A backlog: this many queued calls per live member of a group. Every call there waits through
+// several ends anyway: batching it with others, or sending it ahead (pipeline_backlog), costs
+// it little and drains the queue sooner.
+constexpr uint64_t kBacklog = 2;
+// Neither is done for an actor measured over this many times slower than the group's others.
+constexpr double kBacklogSlower = 2.0;
+// Under a backlog a batch may be expected to take up to this many budgets.
+constexpr double kBacklogBudgets = 8.0;
+
+// Whether `actor` is measured no slower than kBacklogSlower times the other rated members of
+// `group` (their harmonic mean): a straggler takes no more than it must.
+bool Scheduler::not_slower(const Group& group, uint32_t actor) const {
+  const Others o = others_of(group, actor);
+  return o.count == 0 || loads_[actor].low_s * o.rate <= kBacklogSlower * o.count;
+}
+
+// The expected duration a task opened from `group`'s queue on `actor` may carry, and the calls
+// it takes even beyond it. Normally batch_budget_s, and no minimum. Under a backlog of `group`
+// (its first call included), with an actor not slower than the others, the budget grows with the
+// backlog's depth, up to kBacklogBudgets times, and a task takes at least two calls: a method's
+// estimate is measured on the driver and includes the round trip of each task, so once calls
+// go one per task (after a phase of slow calls, a stall of the driver) their estimate would stay
+// that of a task, and one call per task would be all that fits. Batches under a backlog carry
+// that round trip over several calls, so the estimate can fall back to what a call takes.
+Scheduler::Budget Scheduler::budget(uint32_t group, uint32_t actor) const {
+  const Group& g = groups_[group];
+  const double depth = static_cast<double>(g.queue.size() + 1) /
+                       static_cast<double>(kBacklog * std::max(g.live, 1u));
+  const ActorLoad& a = loads_[actor];
+  if (depth < 1.0 || !a.known() || a.failures_in_a_row > 0 || !not_slower(g, actor)) {
+    return {config_.batch_budget_s, 1};
+  }
+  return {config_.batch_budget_s * std::min(depth, kBacklogBudgets), 2};
+}
+
+// Coalescing: after `first` was dispatched from `group` to `actor` (the last decision in `out`),
+// the calls that wait for `actor` (in any of its groups, oldest first) join its task while each
+// may ride, the task holds fewer than `coalesce` calls, the actor has a free call slot, and the
+// expected service times add up to the budget (or the task holds fewer calls than the budget's
+// minimum). They stop at the first call that may not ride, so every queue still leaves in FIFO
+// order. Ties between groups go to the oldest ticket, as in a drain.
+void Scheduler::add_mates(uint32_t group, uint32_t actor, const QueuedCall& first, Drain& out) {
   if (config_.coalesce == 1 || !may_ride(first)) return;
   const size_t opened = out.dispatched.size() - 1;
-  double budget = config_.batch_budget_s - expected_s(first);
+  const Budget allowed = budget(group, actor);
+  double left = allowed.seconds - expected_s(first);
   while (out.dispatched[opened].calls < config_.coalesce && loads_.has_call_slot(actor)) {
     const std::optional<uint32_t> found = oldest_queue(actor, [](uint32_t) { return true; });
     if (!found) return;
     const uint32_t from = *found;
     const QueuedCall* oldest = &groups_[from].queue.front();
-    if (!may_ride(*oldest) || expected_s(*oldest) > budget) return;
+    if (!may_ride(*oldest)) return;
+    if (expected_s(*oldest) > left && out.dispatched[opened].calls >= allowed.calls) return;
     const QueuedCall mate = *oldest;
-    budget -= expected_s(mate);
+    left -= expected_s(mate);
     groups_[from].queue.pop_front();
     queued_.erase(mate.ticket);
     dispatched_from(from);
@@ -641,8 +679,6 @@ Drain Scheduler::drain_locked(uint32_t actor) {
 // picker sees every call: those wait as before, and the calls behind them too.
 void Scheduler::pipeline_backlog(uint32_t actor, Drain& out) {
   constexpr double kTail = 5.0;
-  constexpr uint64_t kBacklog = 2;  // times the live members
-  constexpr double kSlower = 2.0;
   if (!config_.pipeline_backlog || settings_.kind == PolicyKind::external || queued_.empty()) {
     return;
   }
@@ -660,8 +696,7 @@ void Scheduler::pipeline_backlog(uint32_t actor, Drain& out) {
   Group& g = groups_[from];
   const QueuedCall* oldest = &g.queue.front();  // the first call of the oldest backlog
   if (oldest->affinity) return;
-  const Others o = others_of(g, actor);
-  if (o.count > 0 && a.low_s * o.rate > kSlower * o.count) return;
+  if (!not_slower(g, actor)) return;
   const RecentTimes& recent = loads_.method(oldest->method).recent;
   if (!(recent.quantile(0.9) <= kTail * recent.quantile(0.5))) return;
   const QueuedCall call = *oldest;
@@ -676,7 +711,7 @@ void Scheduler::dispatch_queued(uint32_t group, uint32_t actor, const QueuedCall
   add_load(actor, 1, 1);
   dispatched_from(group);
   out.dispatched.push_back({call.ticket, static_cast<int32_t>(actor), call.payload});
-  add_mates(actor, call, out);
+  add_mates(group, actor, call, out);
   free_if_unused(group);
 }
 

@@ -101,7 +101,8 @@ class Scheduler {
   // out), NaN until enough are known: what a hedged call waits for before its second copy.
   double method_quantile_s(int64_t method, double q) const;
   // How many calls of `method` a freed slot would take as one task now (1 when they never
-  // ride a batch): what fits the budget of expected service time, at most `coalesce`.
+  // ride a batch): what fits the budget of expected service time, at most `coalesce` (with no
+  // backlog: see Scheduler::budget).
   uint32_t batch_size(int64_t method) const;
 
   // Picks an actor for a call of `method`, or queues the call with its payload (`alone`: it
@@ -236,7 +237,13 @@ class Scheduler {
   void check_held(uint32_t actor, int64_t calls, bool task, const char* what) const;
   double expected_s(const QueuedCall& call) const;
   bool may_ride(const QueuedCall& call) const;
-  void add_mates(uint32_t actor, const QueuedCall& first, Drain& out);
+  bool not_slower(const Group& group, uint32_t actor) const;
+  struct Budget {
+    double seconds;  // the calls' expected service times add up to at most this
+    uint32_t calls;  // but a task takes this many calls, if it can, whatever their times
+  };
+  Budget budget(uint32_t group, uint32_t actor) const;
+  void add_mates(uint32_t group, uint32_t actor, const QueuedCall& first, Drain& out);
   uint32_t least_loaded_eligible(const Group& group) const;
   bool sticks(uint32_t group, uint32_t actor) const;
   template <class Accept>

@@ -1174,10 +1174,12 @@ def test_without_stickiness_keys_only_reach_the_picker() -> None:
 # Ray tasks per actor: the pipeline depth
 
 
-def busy_with_queue(queued: int, **settings: Any) -> Scheduler:
-    """One `adaptive` actor with one task slot, busy, and `queued` calls waiting for it."""
-    s = Scheduler(1, "adaptive", max_tasks=1, **settings)
-    dispatch(s)
+def busy_with_queue(queued: int, actors: int = 1, **settings: Any) -> Scheduler:
+    """`actors` `adaptive` actors with one task slot each, all busy, and `queued` calls waiting
+    (a backlog from 2 per actor)."""
+    s = Scheduler(actors, "adaptive", max_tasks=1, **settings)
+    for _ in range(actors):
+        dispatch(s)
     for _ in range(queued):
         s.submit(0)
     return s
@@ -1302,23 +1304,65 @@ def test_a_batch_is_bounded_by_coalesce() -> None:
 
 
 def test_a_batch_is_bounded_by_the_budget_of_expected_service_time() -> None:
-    s = busy_with_queue(10, coalesce=64, batch_budget_s=0.002)
-    [batch] = s.complete(0, 0.0, 0.0005, 0)  # 0.5 ms a call: 4 fit in 2 ms
+    s = started(Scheduler(8, "adaptive", max_tasks=1, coalesce=64, batch_budget_s=0.002))
+    measure(s, 0, 0.0005)  # 0.5 ms a call: 4 fit in 2 ms
+    for _ in range(8):
+        dispatch(s)
+    for _ in range(10):  # fewer than 2 per actor: no backlog
+        s.submit(0)
+    [batch] = s.complete(1, 0.0, 0.0005, 0)
     assert len(batch.tickets) == 4
 
 
 def test_calls_slower_than_the_budget_go_alone() -> None:
-    s = started(Scheduler(1, "adaptive", max_tasks=1, coalesce=64, batch_budget_s=0.002))
-    dispatch(s)
+    s = started(Scheduler(8, "adaptive", max_tasks=1, coalesce=64, batch_budget_s=0.002))
+    for _ in range(8):
+        dispatch(s)
     for _ in range(3):
         s.submit(0)
     assert [len(d.tickets) for d in s.complete(0, 0.0, 0.02, 0)] == [1]
 
 
+def test_under_a_backlog_calls_slower_than_the_budget_go_two_by_two() -> None:
+    s = started(Scheduler(2, "adaptive", max_tasks=1, coalesce=64, batch_budget_s=0.002))
+    for _ in range(2):
+        dispatch(s)
+    for _ in range(4):  # 2 per actor: a backlog
+        s.submit(0)
+    assert [len(d.tickets) for d in s.complete(0, 0.0, 0.02, 0)] == [2]
+
+
+def test_under_a_backlog_the_budget_grows_with_its_depth_up_to_eight_budgets() -> None:
+    call_s = 2.0**-10  # a binary fraction: the budget's sums are exact
+    s = started(Scheduler(2, "adaptive", max_tasks=1, coalesce=64, batch_budget_s=2 * call_s))
+    measure(s, 0, call_s, times=10)
+    measure(s, 1, call_s, times=10)
+    for _ in range(2):
+        dispatch(s)
+    for _ in range(12):  # 3 calls queued for each 2 per actor: 3 budgets, 6 calls
+        s.submit(0)
+    assert [len(d.tickets) for d in s.complete(0, 0.0, 0.0, 0)] == [6]
+    for _ in range(100):  # deep: at most 8 budgets, 16 calls
+        s.submit(0)
+    assert [len(d.tickets) for d in s.complete(1, 0.0, 0.0, 0)] == [16]
+
+
+def test_a_straggler_takes_no_more_than_the_budget_under_a_backlog() -> None:
+    s = started(Scheduler(2, "adaptive", max_tasks=1, coalesce=64, batch_budget_s=0.002))
+    measure(s, 0, 0.001, times=10)
+    measure(s, 1, 0.01, times=10)  # 10x slower than actor 0
+    for _ in range(2):
+        dispatch(s)
+    for _ in range(20):
+        s.submit(0)
+    assert [len(d.tickets) for d in s.complete(1, 0.0, 0.001, 0)] == [1]
+
+
 def test_an_unmeasured_method_starts_with_small_batches() -> None:
-    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=64)
+    s = Scheduler(8, "adaptive", max_tasks=1, coalesce=64)
     slow = s.add_method()
-    dispatch(s)
+    for _ in range(8):
+        dispatch(s)
     for _ in range(10):
         s.submit(0, method=slow)
     # The completion measured method 0, not `slow`: its calls are expected to take budget / 4.
@@ -1519,6 +1563,20 @@ class Fleet:
             self._end_next()
         assert self.s.queued() == 0 and sum(self.s.in_flight()) == 0
         return self.clock - began
+
+
+def test_after_slow_calls_every_burst_of_tiny_calls_rides_in_batches() -> None:
+    """Batch sizing converges: whatever ran before, a backlog of tiny calls leaves in batches.
+    Each task costs the driver 150 µs, a call 20 µs: alone, a call's measured time is a task's
+    round trip, never under the budget, so its estimate could never fall by calls going alone."""
+    fleet = Fleet(library_adaptive(8), [0.005] * 4 + [0.05] + [0.005] * 3, task_s=150e-6,
+                  call_s=20e-6)
+    fleet.burst(200)  # a batch with one actor 10x slower: the estimate is milliseconds
+    fleet.seconds = [20e-6] * 8
+    for _ in range(6):
+        sent = fleet.tasks
+        fleet.burst(800)
+        assert fleet.tasks - sent <= 800 / 4
 
 
 def test_adaptive_sends_an_actor_that_fails_fast_no_more_than_its_share_of_any_burst() -> None:
