@@ -3,11 +3,12 @@
 The creator of `ActorMesh(Worker, shape, name="engines")` names its actors `engines.0`,
 `engines.1`, ... in its Ray namespace and publishes a `Record` of the mesh in Ray's internal
 key-value store (the GCS), under that namespace and name: the shape, the actors' ids, the
-class's methods (each with its dispatch and whether its calls may ride a batch), and the token
-of the table in which the drivers of the mesh share their load (`_drivers`; the load registry
-of drivers on other hosts is the named actor `engines.load`). A driver in the
-same namespace reads the record, looks the actors up by name and checks that they are the ones
-the record lists. The creator's `shutdown()` marks the record closing before it kills the actors
+class's methods (each with its dispatch and whether its calls may ride a batch), and the mesh's
+incarnation: an id of its own, which names the table in which its drivers share their load and
+the load registry of drivers on other hosts (`_drivers`; the named actor
+`engines.load.<incarnation>`), so that a driver of a mesh that was shut down never shares with
+a newer mesh of the same name. A driver in the same namespace reads the record, looks the
+actors up by name and checks that they are the ones the record lists. The creator's `shutdown()` marks the record closing before it kills the actors
 and removes it after, so a driver that connects meanwhile gets a clear error rather than a mesh
 of dying actors; a creator that exits without a shutdown removes it at exit.
 """
