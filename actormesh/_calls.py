@@ -144,7 +144,7 @@ class Task:
     outcome; its calls' values are read from it by their callers (`value`)."""
 
     __slots__ = ("router", "calls", "actor", "epoch", "started", "wire", "ref", "out",
-                 "results", "_claims", "__weakref__")
+                 "results", "error", "_waiting", "_claims", "__weakref__")
 
     def __init__(self, router: Router, calls: list[Call], actor: int, wire: int) -> None:
         self.router = router
@@ -156,6 +156,8 @@ class Task:
         self.ref: Any = None  # what its end is watched on (a generator's completion: STREAM)
         self.out: Any = None  # LONE: what the Ray call returned (the refs `fn` returned)
         self.results: list[Any] = []  # LIST/STREAM: each call's packed outcome (`_runner`)
+        self.error: BaseException | None = None  # STREAM: what the task ended with, if it failed
+        self._waiting = 0  # STREAM: the reports and the end not yet arrived
         self._claims = [True]  # one to take: whoever ends the task (see `claim`)
 
     def claim(self) -> bool:
@@ -191,28 +193,29 @@ class Task:
             self.results = envelope
             self.router.end(self, [_packed_outcome(p) for p in envelope], None)
 
-    def _streamed(self, error: BaseException | None) -> None:
-        """STREAM: the task has ended; what it reported is read on the loop thread."""
-        _loop.post(self._collect, error)
+    def _reported(self, item: Any) -> None:
+        """STREAM: one call's `(index, packed outcome)` has arrived (an error: it never will)."""
+        if not isinstance(item, BaseException):
+            index, packed = item
+            self.results[index] = packed
+        self._arrived()
 
-    def _collect(self, error: BaseException | None) -> None:
-        """Each call the task reported ended as reported; the others ended as the task did (an
-        error, or lost with its actor): they never finished."""
-        if not self.claim():
+    def _stream_ended(self, value: Any) -> None:
+        """STREAM: the task itself has ended (an error: how it failed)."""
+        if isinstance(value, BaseException):
+            self.error = value
+        self._arrived()
+
+    def _arrived(self) -> None:
+        """STREAM: each call's report, and the task's end, counted (Ray's one thread runs them
+        all); the last of them ends the task: each call reported ended as reported, the others
+        as the task did (an error, or lost with its actor: they never finished)."""
+        self._waiting -= 1
+        if self._waiting or not self.claim():
             return
-        calls = len(self.calls)
-        results: list[Any] = [None] * calls
-        outcomes = [_ray.FAILED] * calls
-        try:
-            for index, packed in _ray.stream_items(self.out):
-                results[index], outcomes[index] = packed, _packed_outcome(packed)
-            _ray.get(self.ref)  # the generator's own end: raises how the task failed
-        except Exception as err:  # noqa: BLE001 - a RayError, or Ray shutting down
-            error = err
-        if error is not None:
-            unfinished = _failed(error)
-            outcomes = [unfinished if results[i] is None else outcomes[i] for i in range(calls)]
-        self.results = results
+        error = self.error
+        unfinished = _ray.FAILED if error is None else _failed(error)
+        outcomes = [unfinished if p is None else _packed_outcome(p) for p in self.results]
         self.router.end(self, outcomes, error)
 
     # -- the caller's thread ------------------------------------------------------------------
@@ -443,7 +446,9 @@ class Router:
         for call in live:
             if call.hedge is not None and call.twin is None:
                 self.hedges.arm(call)
-            elif not call.retries:  # Ray holds what it sent; free the caller's objects
+            elif not call.retries and task.wire == LONE:
+                # Ray holds what it sent; free the caller's objects (a call of a task of several
+                # keeps them until it ends: one the actor did not start goes again)
                 call.args, call.kwargs = (), _NO_KWARGS
 
     def _send(self, task: Task) -> None:
@@ -467,10 +472,13 @@ class Router:
         name = _task_name(calls)
         if task.wire == STREAM:
             task.out = getattr(handle, _runner.STREAM)._remote(
-                args=(items,), name=name, num_returns="streaming",
-                max_task_retries=0)
+                args=(items,), name=name, num_returns="streaming", max_task_retries=0)
             task.ref = task.out.completed()
-            task.ref._on_ready(task._streamed)
+            task.results = [None] * len(calls)
+            task._waiting = len(calls) + 1
+            for reported in _ray.stream_refs(task.out, len(calls)):
+                reported._on_completed(task._reported)
+            task.ref._on_completed(task._stream_ended)
         elif self._actors[actor].runner:
             task.ref = getattr(handle, _runner.BATCH)._remote(
                 args=(items,), name=name, max_task_retries=0)
@@ -626,6 +634,8 @@ class Router:
             for index, (call, outcome) in enumerate(zip(calls, outcomes)):
                 call.outcome = outcome
                 self._settle(call, outcome, task, index, error)
+                if call.future.done() and call.hedge is None:
+                    call.args, call.kwargs = (), _NO_KWARGS
         except BaseException as err:  # a bug here must not leave a call unsettled
             log.exception("actormesh: ending a task of %d calls failed", len(calls))
             for call in calls:

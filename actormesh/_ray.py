@@ -255,21 +255,12 @@ def namespace() -> str:
     """The Ray namespace of this driver (named actors and meshes live in one)."""
     return str(ray.get_runtime_context().namespace)
 
-def stream_items(generator: Any) -> list[Any]:
-    """What a streaming task that has ended reported, in order (its values read: small
-    envelopes); stops at the first item that holds the task's own failure."""
-    items: list[Any] = []
-    while True:
-        try:
-            ref = generator._next_sync(timeout_s=0)
-        except StopIteration:
-            return items
-        if ref.is_nil():
-            return items
-        try:
-            items.append(get(ref, timeout=0))
-        except ray.exceptions.RayError:
-            return items
+def stream_refs(generator: Any, count: int) -> list[Any]:
+    """The ObjectRefs of the first `count` items a streaming task will report, known before it
+    reports them (`ObjectRefGenerator._get_next_ref_n`): a callback on each fires as its item
+    arrives, and with the task's error for an item it never reported."""
+    refs: list[Any] = generator._get_next_ref_n(count)
+    return refs
 
 
 # Ray options of an actor method (set with `@ray.method(...)`) under which a call must be the

@@ -1,0 +1,103 @@
+"""Actor classes for the tests of the call contract under coalescing (`test_batch_contract`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import ray
+
+import actormesh as am
+
+
+class Logged:
+    """Records every execution in a counter actor, so a test sees what ran and how often."""
+
+    @am.method
+    def block(self, sig: Any) -> int:
+        ray.get(sig.wait.remote())
+        return am.current_rank().rank
+
+    @am.method
+    def logged(self, x: int, counter: Any) -> int:
+        ray.get(counter.add.remote(x))
+        return x
+
+    @am.method
+    def value(self, x: int) -> Any:
+        if x < 0:
+            return threading.Lock()  # a value no pickle takes
+        return x
+
+
+@ray.remote(num_cpus=0)
+class Counter:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def add(self, x: int) -> None:
+        self.seen.append(x)
+
+    def executions(self) -> list[int]:
+        return sorted(self.seen)
+
+
+@ray.remote(num_cpus=0.1, max_concurrency=2)
+class Bounded:
+    """An asyncio actor made elsewhere with its own bound on calls at once."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    async def block(self, sig: Any) -> None:
+        await sig.wait.remote()
+
+    async def work(self, x: int) -> int:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        await asyncio.sleep(0.05)
+        self.now -= 1
+        return x
+
+    def peak_seen(self) -> int:
+        return self.peak
+
+
+@ray.remote(num_cpus=0.1, concurrency_groups={"io": 1})
+class Grouped:
+    """A synchronous actor made elsewhere, one of whose methods runs in a group of its own."""
+
+    def block(self, sig: Any) -> None:
+        ray.get(sig.wait.remote())
+
+    @ray.method(concurrency_group="io")
+    def in_io(self, x: int) -> str:
+        return f"{x}:{threading.current_thread().name}"
+
+    def thread(self) -> str:
+        return threading.current_thread().name
+
+
+class Gated:
+    """An asyncio mesh actor whose calls wait on a signal, counting those cancelled."""
+
+    def __init__(self) -> None:
+        self.cancelled = 0
+
+    @am.method
+    async def block(self, sig: Any) -> None:
+        await sig.wait.remote()
+
+    @am.method
+    async def gate(self, sig: Any) -> None:
+        try:
+            await sig.wait.remote()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    @am.method
+    async def cancelled_calls(self) -> int:
+        return self.cancelled

@@ -1,0 +1,138 @@
+"""Batching is invisible: a call that rides a Ray task with others gets exactly what it would get
+alone (DESIGN.md), on a real Ray cluster. Calls are made to ride together by holding every actor
+with a call blocked on a signal, queueing the calls, then releasing the actors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+from contract_workers import Bounded, Counter, Gated, Grouped, Logged
+from workers import signal, waiters
+
+import actormesh as am
+
+# One task per actor, so that calls wait behind it, and a budget that never splits a batch.
+ONE_TASK = am.Policy("adaptive", max_tasks=1, batch_budget_s=60.0)
+
+
+@pytest.fixture(scope="module")
+def pair(ray_cluster: None) -> Iterator[am.ActorMesh[Logged]]:
+    with am.ActorMesh(Logged, shape=2, num_cpus=0.1, balancer=ONE_TASK) as mesh:
+        counter = Counter.remote()
+        for _ in range(2):  # every method measured (an actor's first call measures nothing)
+            am.get([mesh.methods.logged.all(-1, counter), mesh.methods.value.all(0)],
+                   timeout=60)
+        yield mesh
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_calls_that_finished_before_their_actor_died_later_in_the_task_return_once(
+    ray_cluster: None, retries: int,
+) -> None:
+    with am.ActorMesh(Logged, shape=2, num_cpus=0.1, balancer=ONE_TASK,
+                      max_restarts=0) as mesh:
+        counter = Counter.remote()
+        am.get([mesh.methods.logged.all(-1, counter)] * 2, timeout=60)
+        held = [signal(), signal()]
+        blocked = [mesh[r].methods.block.choose(held[r]) for r in range(2)]
+        for sig in held:
+            waiters(sig, 1)
+        doomed = signal()
+        calls = [mesh.methods.logged.options(retries=retries).choose(x, counter)
+                 for x in range(5)]
+        tail = mesh.methods.block.choose(doomed)  # rides last, never ends
+        held[0].send.remote()  # actor 0 frees first: it takes every queued call, one task
+        blocked[0].get(timeout=60)
+        waiters(doomed, 1)  # the five calls ahead of it have run
+        ray.kill(mesh.actors[0])
+        assert am.get(calls, timeout=60) == list(range(5))
+        with pytest.raises(am.ActorDiedError, match="rank 0"):
+            tail.get(timeout=60)
+        held[1].send.remote()
+        blocked[1].get(timeout=60)
+        assert [x for x in ray.get(counter.executions.remote()) if x >= 0] == list(range(5))
+
+
+def test_a_value_that_cannot_be_pickled_fails_its_own_call_only(
+    pair: am.ActorMesh[Logged],
+) -> None:
+    one = pair[0]
+    sig = signal()
+    blocked = one.methods.block.choose(sig)
+    waiters(sig, 1)
+    futures = [one.methods.value.choose(x) for x in (1, -1, 3)]
+    sig.send.remote()
+    blocked.get(timeout=60)
+    assert futures[0].get(timeout=60) == 1 and futures[2].get(timeout=60) == 3
+    with pytest.raises(am.ActorError, match="cannot be serialized"):
+        futures[1].get(timeout=60)
+    assert len({id(f._calls[0].task) for f in futures}) == 1  # they rode one task
+
+
+def test_an_asyncio_actor_made_elsewhere_keeps_its_max_concurrency(ray_cluster: None) -> None:
+    actor = Bounded.remote()
+    mesh = am.ActorMesh.from_actors([actor], max_in_flight=8, balancer=ONE_TASK)
+    try:
+        sig = signal()
+        blocked = mesh.methods.block.choose(sig)
+        waiters(sig, 1)
+        futures = [mesh.methods.work.choose(x) for x in range(6)]
+        sig.send.remote()
+        blocked.get(timeout=60)
+        assert am.get(futures, timeout=60) == list(range(6))
+        assert ray.get(actor.peak_seen.remote(), timeout=60) <= 2
+    finally:
+        mesh.shutdown()
+        ray.kill(actor)
+
+
+def test_a_method_in_a_concurrency_group_runs_in_its_group_when_calls_wait(
+    ray_cluster: None,
+) -> None:
+    actor = Grouped.remote()
+    mesh = am.ActorMesh.from_actors([actor], balancer=ONE_TASK)
+    try:
+        default_thread = ray.get(actor.thread.remote(), timeout=60)
+        sig = signal()
+        blocked = mesh.methods.block.choose(sig)
+        waiters(sig, 1)
+        futures = [mesh.methods.in_io.choose(x) for x in range(3)]  # they wait, then ride
+        sig.send.remote()
+        blocked.get(timeout=60)
+        done = am.get(futures, timeout=60)
+        assert [value.split(":")[0] for value in done] == ["0", "1", "2"]
+        assert all(value.split(":")[1] != default_thread for value in done)  # in the io group
+    finally:
+        mesh.shutdown()
+        ray.kill(actor)
+
+
+def test_a_raising_call_in_a_coalesced_map_never_ejects_a_healthy_actor(
+    pair: am.ActorMesh[Logged],
+) -> None:
+    items = [-1 if x % 10 == 0 else x for x in range(200)]  # one call in ten fails
+    results: list[Any] = list(pair.methods.value.options(return_exceptions=True).map(items))
+    assert sum(isinstance(r, am.ActorError) for r in results) == 20
+    assert [r for r in results if not isinstance(r, am.ActorError)] == \
+        [x for x in items if x >= 0]
+    assert pair._root.router.scheduler.ejected() == [False, False]
+
+
+def test_cancelling_every_call_of_a_running_task_stops_it_and_frees_its_slot(
+    ray_cluster: None,
+) -> None:
+    with am.ActorMesh(Gated, shape=1, num_cpus=0.1, balancer=ONE_TASK) as mesh:
+        held, never = signal(), signal()
+        blocked = mesh.methods.block.choose(held)
+        waiters(held, 1)
+        futures = [mesh.methods.gate.choose(never) for _ in range(3)]  # they ride one task
+        held.send.remote()
+        blocked.get(timeout=60)
+        waiters(never, 3)
+        for future in futures:
+            future.cancel()
+        assert mesh.methods.cancelled_calls.choose().get(timeout=60) == 3  # the slot is free
+        assert mesh.load() == [0]
