@@ -39,6 +39,7 @@ from ._balancer import SessionKeys
 from ._errors import MeshError, MeshTimeoutError, NoLiveActorsError, from_ray
 from ._failures import Failures
 from ._hedge import Hedges
+from ._holds import Holds
 from ._result import Result
 from ._shape import Point, format_coords
 
@@ -228,18 +229,29 @@ class Task:
             except RayError as err:
                 call_error = err
         else:
-            value, call_error = _runner.unpack(self.results[index])
-            if call_error is None:
-                return value
+            packed = self.results[index]
+            if isinstance(packed, ray.ObjectRef):  # put for its `.ref`: read from there
+                try:
+                    return _ray.get(packed)
+                except RayError as err:
+                    call_error = err
+            else:
+                value, call_error = _runner.unpack(packed)
+                if call_error is None:
+                    return value
         raise from_ray(self.router.points[self.actor], method, call_error) from None
 
     def own_ref(self, index: int) -> ray.ObjectRef[Any]:
-        """An ObjectRef of call `index`'s own value: the Ray call's, or one put for it."""
+        """An ObjectRef of call `index`'s own value: the Ray call's, or one put for it (once)."""
         if self.wire == LONE:
             ref: ray.ObjectRef[Any] = self.ref
             return ref
-        value, error = _runner.unpack(self.results[index])
-        return ray.put(error if error is not None else value)  # an error as Ray stores one
+        put = self.results[index]
+        if not isinstance(put, ray.ObjectRef):
+            value, error = _runner.unpack(put)
+            put = ray.put(error if error is not None else value)  # an error as Ray stores one
+            self.results[index] = put
+        return put
 
 
 def _failed(error: BaseException) -> int:
@@ -270,8 +282,14 @@ def read(call: Call) -> Any:
 
 
 def own_ref(call: Call) -> ray.ObjectRef[Any] | None:
-    """The ObjectRef of `call`'s own value, once it has ended (waited for); None if it never ran
-    (it failed first)."""
+    """The ObjectRef of `call`'s own value: a lone call's Ray call, as soon as it is sent; for
+    any other (waiting for a slot, hedged, or riding a task with others) once it has ended
+    (waited for). None if it never ran (it failed first)."""
+    task = call.task
+    if task is not None and task.wire == LONE and task.ref is not None and call.hedge is None \
+            and call.fn is None:
+        ref: ray.ObjectRef[Any] = task.ref
+        return ref
     call.future.wait()
     if call.future.exception() is not None:
         return None
@@ -334,10 +352,7 @@ class Router:
         # When each actor last ended a task: a call waiting behind another in an actor that runs
         # calls in order begins then.
         self.last_end = [-math.inf] * len(self.handles)
-        # The loop-thread timer that ends the scheduler's holds (`_watch_holds`).
-        self._holds = scheduler.may_hold
-        self._hold_timer_at = math.inf
-        self._hold_lock = threading.Lock()
+        self.holds = Holds(scheduler, self.send_drained)
         self._method_ids: dict[str, int] = {}
         self._method_ids_lock = threading.Lock()
         self.failures = Failures(
@@ -414,8 +429,8 @@ class Router:
             self.send_task(decision.actor, [call])
         else:
             call.ticket = decision.ticket
-            if self._holds:
-                self._watch_holds()
+            if self.holds.active:
+                self.holds.watch()
 
     def send_task(self, actor: int, calls: list[Call]) -> None:
         """Send `calls` to `actor` as one Ray task; they hold one task slot and a call slot
@@ -542,16 +557,16 @@ class Router:
         except _native.PickerError as err:
             drained = self._picker_failed(err)
         self._send_decisions(drained)
-        if self._holds:  # a drain may begin a hold (an actor back from a restart, say)
-            self._watch_holds()
+        if self.holds.active:  # a drain may begin a hold (an actor back from a restart, say)
+            self.holds.watch()
 
     def _hand_on(self, drained: list[_native.Decision], actor: int) -> None:
         """After a slot was freed: the queued calls it went to are sent from the loop thread, as
         is the drain a Python Balancer defers. Calls freed while a send is already on its way
         join it: one wake-up of the loop thread serves them all. A slot no queued call took may
         take the copy of a late hedged call; a hold may have begun."""
-        if self._holds:
-            self._watch_holds()
+        if self.holds.active:
+            self.holds.watch()
         if drained:
             with self._outbox_lock:
                 self._outbox.extend(drained)
@@ -561,29 +576,8 @@ class Router:
             _loop.post(self._send_outbox)
         elif not self._drain_inline and self.scheduler.queued():
             _loop.post(self._drain, actor)
-        elif self.hedges.has_due():
+        elif self.hedges.due:
             self.hedges.retry_soon()
-
-    def _watch_holds(self) -> None:
-        """Arm the loop-thread timer that ends the scheduler's earliest hold (any thread), unless
-        one that fires no later is armed already."""
-        deadline = self.scheduler.hold_deadline_s()
-        if deadline >= self._hold_timer_at:
-            return
-        with self._hold_lock:
-            if deadline >= self._hold_timer_at:
-                return
-            self._hold_timer_at = deadline
-        _loop.call_later(max(deadline - time.perf_counter(), 0.0), self._expire_holds)
-
-    def _expire_holds(self) -> None:
-        """The calls held back from a straggler for as long as it takes to serve one go to it
-        (loop thread); `send_drained` then arms the timer for the holds left."""
-        with self._hold_lock:
-            self._hold_timer_at = math.inf
-        if self.closed:
-            return
-        self.send_drained(lambda _: self.scheduler.expire_holds(time.perf_counter()), -1)
 
     def _send_outbox(self) -> None:
         with self._outbox_lock:
@@ -734,7 +728,7 @@ class Router:
     def close(self, why: str) -> None:
         """Fail every queued call with `why`; later calls fail at once, and calls given a slot
         but not yet sent are never sent."""
-        self.closed = True
+        self.closed = self.holds.closed = True
         self.failures.close()
         self._fail_decisions(self.scheduler.take_queued(), MeshError(why))
 

@@ -168,7 +168,7 @@ class MeshFuture(Generic[R]):
     @property
     def refs(self) -> list[ray.ObjectRef[Any]]:
         """The ObjectRefs of the Ray calls, one per actor called (a call still waiting for a
-        slot is waited for). A call that rode a batch with others has no ObjectRef of its own:
+        slot is waited for). A call that rode a task with others has no ObjectRef of its own:
         for it, this waits until it has ended and puts its value (or error) in the object
         store, once."""
         return [ref for ref in map(_calls.own_ref, self._calls) if ref is not None]

@@ -1,8 +1,8 @@
-"""Hedged calls: a second copy of a call that is late, on another actor, the first to end wins.
+"""Hedged calls: a second copy of a call that is late, on another actor; the first VALUE wins.
 
-    choose(...) with .options(hedge=True | s)  the call goes alone (never in a batch: cancelling
+    choose(...) with .options(hedge=True | s)  the call goes alone (a task of its own: cancelling
                                                one copy must not touch other calls)
-      Router._send -> Hedges.arm(call)         a timer on the loop thread, `delay` after the send
+      Router.send_task -> Hedges.arm(call)     a timer on the loop thread, `delay` after the send
       ... the timer fires, the call still runs: late if `delay` has passed since it began (over
       actors that run calls in order, a call sent behind another begins when that one ends)
       Hedges._try(call)                        it runs alone on its actor (over in-order actors:
@@ -12,15 +12,18 @@
                                                with a free slot, an idle one over in-order
                                                actors; none: the call stays due and the next
                                                slot that frees is tried
-        Router.send_copy(target, call)         the copy: its own Ray task and slot, the call's
-                                               future shared, so the first copy to end settles
-                                               it and the other's outcome is dropped
-      ... Router._end of either copy           the loser is cancelled (`Router.cancel_sent`:
-                                               an async or threaded actor stops it, one not yet
-                                               started never runs; a synchronous one runs it to
-                                               its end); each copy frees its own slot when its
-                                               own task ends; a copy lost to a dead actor is just
-                                               lost while the other runs
+        Router.send_copy(target, call)         the copy: its own task and slot, the call's future
+                                               shared
+      ... Router.end of either copy            which copy wins: the first to end with a VALUE.
+                                               A copy that raised, or was lost with its actor,
+                                               never wins while the other still runs (a fast
+                                               failure must not beat a slower success); when
+                                               both fail, the last to end gives the error (or a
+                                               retry, with `retries`). The loser is cancelled
+                                               (`Router.cancel_sent`: an async or threaded
+                                               actor stops it, one not yet started never runs;
+                                               a synchronous one runs it to its end); each copy
+                                               frees its own slot when its own task ends
 
 So over actors that run calls in order, both copies of a hedged call are each running or on
 their way to an idle actor: no copy that may lose ever waits in such an actor's queue, where it
@@ -97,7 +100,7 @@ class Budget:
 
 class Hedges:
     """The hedged calls of one mesh (its router): their timers, the calls due for a copy, the
-    budget. Every method but `arm`, `has_due` and `retry_soon` runs on the loop thread."""
+    budget. Every method but `arm` and `retry_soon` runs on the loop thread (`due` is read anywhere)."""
 
     def __init__(self, router: Router, *, in_order: bool) -> None:
         self._router = router
@@ -108,8 +111,8 @@ class Hedges:
         # Calls late (or possibly late: still waiting in their actor) that found no actor free
         # for a copy, oldest first; each leaves when it is hedged, found not late, or ends.
         # Written on the loop thread, read anywhere.
-        self._due: dict[Call, None] = {}
-        self._prune_at = _PRUNE_MIN  # the size of `_due` at which ended calls are dropped
+        self.due: dict[Call, None] = {}
+        self._prune_at = _PRUNE_MIN  # the size of `due` at which ended calls are dropped
         self._retry_posted = False
 
     def arm(self, call: Call) -> None:
@@ -119,9 +122,6 @@ class Hedges:
         delay = self._delay(call)
         _loop.call_later(_PROBE_S if delay is None else delay, self._late, weakref.ref(call),
                          _PROBE_S)
-
-    def has_due(self) -> bool:
-        return bool(self._due)
 
     def retry_soon(self) -> None:
         """A slot has freed (Ray's completion thread): the calls due for a copy try it, once,
@@ -154,23 +154,23 @@ class Hedges:
             probe_s = min(2 * probe_s, _PROBE_MAX_S)
             _loop.call_later(probe_s, self._late, ref, probe_s)
             return
-        self._due[call] = None  # before trying: a slot that frees from now on tries it again
-        if len(self._due) > self._prune_at:
+        self.due[call] = None  # before trying: a slot that frees from now on tries it again
+        if len(self.due) > self._prune_at:
             self._prune()
         self._try(call)
 
     def _prune(self) -> None:
         """Drop the calls that ended while due (while calls wait for slots, no copy is tried and
         the due calls are not visited): an ended call's arguments go with it."""
-        for call in [c for c in self._due if not _running(c)]:
-            del self._due[call]
+        for call in [c for c in self.due if not _running(c)]:
+            del self.due[call]
             if call.future.done():  # over: no retry, and no copy will be sent
                 call.args, call.kwargs = (), {}
-        self._prune_at = max(_PRUNE_MIN, 2 * len(self._due))
+        self._prune_at = max(_PRUNE_MIN, 2 * len(self.due))
 
     def _retry(self) -> None:
         self._retry_posted = False
-        for call in list(self._due):
+        for call in list(self.due):
             if not self._try(call):
                 return  # no actor free for this one: none for those after it either
 
@@ -179,24 +179,24 @@ class Hedges:
         allows and an actor is free; False only when no actor is free (the call stays due)."""
         router = self._router
         if not _running(call) or router.closed:
-            self._due.pop(call, None)
+            self.due.pop(call, None)
             return True
         if self._in_order and router.scheduler.tasks()[call.actor] > 1:
             return True  # it may still wait behind another call: tried again as slots free
         delay = self._delay(call)
         left = self._began(call) + (delay or 0.0) - time.perf_counter()
         if left > 0:  # not late yet, counted from when it began
-            del self._due[call]
+            del self.due[call]
             _loop.call_later(left, self._late, weakref.ref(call), _PROBE_S)
             return True
         if not self.budget.has():
-            del self._due[call]
+            del self.due[call]
             return True
         assert call.target is not None
         target = router.scheduler.hedge(call.target.group, call.actor, self._in_order)
         if target < 0:
             return False
-        del self._due[call]
+        del self.due[call]
         self.budget.spend()
         router.send_copy(target, call)
         return True

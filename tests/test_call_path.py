@@ -1328,7 +1328,7 @@ def test_over_actors_that_run_calls_in_order_a_call_waiting_behind_another_is_no
     h = Harness(2, in_order=True, balancer=First())
     ahead = h.method().choose(0)
     future = h.method(hedge=0.01).choose(5)  # behind it, in actor 0
-    eventually(h.router.hedges.has_due)
+    eventually(lambda: bool(h.router.hedges.due))
     loop_passed(0.05)
     assert len(sent(h)) == 2  # actor 1 is idle, but a copy could win while this one waits
     h.finish(sent(h)[0], "ahead")
@@ -1344,12 +1344,12 @@ def test_over_actors_that_run_calls_in_order_a_call_waiting_behind_another_is_no
 def test_a_hedge_never_goes_to_the_first_copy_s_actor() -> None:
     h = Harness(1)
     future = h.method(hedge=0.01).choose(5)
-    eventually(h.router.hedges.has_due)  # late, and no other actor to take a copy
+    eventually(lambda: bool(h.router.hedges.due))  # late, and no other actor to take a copy
     loop_passed(0.05)
     assert len(sent(h)) == 1
     h.finish_all(0, "only")
     assert future.get(timeout=5) == "only"
-    assert not h.router.hedges.has_due()
+    assert not h.router.hedges.due
     assert_idle(h)
 
 
@@ -1357,7 +1357,7 @@ def test_a_late_call_with_no_actor_free_is_hedged_when_a_slot_frees() -> None:
     h = Harness(2, in_order=True)
     h.method().choose(0)  # actor 0
     future = h.method(hedge=0.01).choose(1)  # actor 1
-    eventually(h.router.hedges.has_due)
+    eventually(lambda: bool(h.router.hedges.due))
     assert len(sent(h)) == 2
     h.finish(h.pending(0)[0], "freed")
     eventually(lambda: len(sent(h)) == 3)
