@@ -13,7 +13,7 @@ import math
 import random
 import threading
 from collections.abc import Hashable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from . import _native
 
@@ -174,6 +174,21 @@ class Policy:
             return self.max_in_flight + self.prefetch
         return 1 + self.prefetch if self.name == "pull" else 0
 
+    def settings(self, coalesce: int, concurrent: bool) -> _native.SchedulerSettings:
+        """The native scheduler's settings (csrc/settings.hpp): every field of this policy that
+        is one, by its own name, and those that depend on the mesh (`coalesce`, `concurrent`:
+        its actors run several calls at once) or default to something the core cannot know."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name in _native.SETTINGS and f.name != "policy"}
+        derived: _native.SchedulerSettings = {
+            "max_in_flight": self.slots(),
+            "max_tasks": self.tasks(concurrent),
+            "coalesce": coalesce,
+            "seed": self.seed if self.seed is not None else random.getrandbits(63),
+            "prior_s": self.prior_s or 0.0,
+        }
+        return cast("_native.SchedulerSettings", {**own, **derived})
+
 
 BalancerSpec = PolicyName | Policy | Balancer
 
@@ -198,26 +213,7 @@ def make_scheduler(
         raise TypeError(f"balancer={spec!r}: must be a policy name, an am.Policy or an am.Balancer")
     if max_in_flight is not None:
         spec = dataclasses.replace(spec, max_in_flight=max_in_flight)
-    return _native.Scheduler(
-        num_actors,
-        spec.name,
-        max_in_flight=spec.slots(),
-        max_tasks=spec.tasks(concurrent),
-        pipeline_s=spec.pipeline_s,
-        pipeline_backlog=spec.pipeline_backlog,
-        coalesce=coalesce,
-        batch_budget_s=spec.batch_budget_s,
-        hold_ratio=spec.hold_ratio,
-        seed=spec.seed if spec.seed is not None else random.getrandbits(63),
-        ewma_alpha=spec.ewma_alpha,
-        prior_s=spec.prior_s or 0.0,
-        affinity_abs=spec.affinity_abs,
-        affinity_rel=spec.affinity_rel,
-        affinity_capacity=spec.affinity_capacity,
-        eject_after=spec.eject_after,
-        eject_base_s=spec.eject_base_s,
-        eject_max_s=spec.eject_max_s,
-    )
+    return _native.Scheduler(num_actors, spec.name, **spec.settings(coalesce, concurrent))
 
 
 def check_coalesce(coalesce: int) -> None:

@@ -1,7 +1,9 @@
 """Type stub of the compiled scheduler core (csrc/); see csrc/API.md for its semantics."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
+
+from typing_extensions import Unpack
 
 class NoLiveActors(RuntimeError): ...
 
@@ -22,30 +24,41 @@ class Decision:
     @property
     def payloads(self) -> list[Any]: ...
 
+Picker = Callable[[list[int], list[int], list[float], int | None, Any], int]
+
+class SchedulerSettings(TypedDict, total=False):
+    """The settings of `Scheduler` besides its policy (csrc/settings.hpp spells them, and
+    `SETTINGS` gives their defaults; a test holds this stub to that list)."""
+
+    max_in_flight: int
+    max_tasks: int
+    pipeline_s: float
+    pipeline_backlog: bool
+    coalesce: int
+    batch_budget_s: float
+    hold_ratio: float
+    seed: int
+    ewma_alpha: float
+    prior_s: float
+    affinity_abs: int
+    affinity_rel: float
+    affinity_capacity: int
+    sticky: bool
+    eject_after: int
+    eject_base_s: float
+    eject_max_s: float
+
+SETTINGS: dict[str, object]
+"""Every setting's default, by name, `policy` included."""
+
 class Scheduler:
     def __init__(
         self,
         num_actors: int,
         policy: str = "pow2",
         *,
-        max_in_flight: int = 0,
-        max_tasks: int = 0,
-        pipeline_s: float = 0.0,
-        pipeline_backlog: bool = False,
-        coalesce: int = 1,
-        batch_budget_s: float = 0.002,
-        hold_ratio: float = 0.0,
-        seed: int = 0,
-        ewma_alpha: float = 0.2,
-        prior_s: float = 0.0,
-        affinity_abs: int = 2,
-        affinity_rel: float = 1.5,
-        affinity_capacity: int = 65536,
-        sticky: bool = True,
-        eject_after: int = 0,
-        eject_base_s: float = 1.0,
-        eject_max_s: float = 30.0,
-        picker: Callable[[list[int], list[int], list[float], int | None, Any], int] | None = None,
+        picker: Picker | None = None,
+        **settings: Unpack[SchedulerSettings],
     ) -> None: ...
     @property
     def num_actors(self) -> int: ...

@@ -30,11 +30,10 @@ inline double measure_decision_ns(const std::string& policy, uint32_t num_actors
     throw std::invalid_argument("policy 'external' needs a Python picker; measure it from Python");
   }
   if (decisions == 0) throw std::invalid_argument("decisions 0: must be >= 1");
-  SchedulerConfig config;
-  config.num_actors = num_actors;
-  config.policy = policy;
-  config.seed = seed;
-  Scheduler scheduler(std::move(config));
+  Settings settings;
+  settings.policy = policy;
+  settings.seed = seed;
+  Scheduler scheduler(num_actors, std::move(settings));
   std::deque<int32_t> running;
   for (uint32_t i = 0; i < num_actors / 2; ++i) running.push_back(scheduler.submit(0, {}).actor);
   double clock_s = 0.0;

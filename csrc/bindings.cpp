@@ -13,6 +13,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "bench.hpp"
@@ -25,7 +26,7 @@ using actormesh::Decision;
 using actormesh::Drain;
 using actormesh::Picker;
 using actormesh::Scheduler;
-using actormesh::SchedulerConfig;
+using actormesh::Settings;
 using actormesh::Status;
 
 namespace {
@@ -80,6 +81,66 @@ const char* status_name(Status status) {
       return "dead";
   }
   return "unknown";
+}
+
+// What a setting of each C++ type takes from Python, for errors.
+template <typename T>
+const char* python_kind() {
+  if constexpr (std::is_same_v<T, bool>) {
+    return "a bool";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return "a str";
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return "a float";
+  } else if constexpr (std::is_unsigned_v<T>) {
+    return "an int >= 0";
+  } else {
+    return "an int";
+  }
+}
+
+// One setting's value from Python; a TypeError naming the setting when it does not fit.
+template <typename T>
+T setting_value(const char* name, nb::handle value) {
+  T out;
+  if (!nb::try_cast(value, out)) {
+    const std::string message = std::string(name) + "=" + nb::repr(value).c_str() +
+                                ": expected " + python_kind<T>();
+    throw nb::type_error(message.c_str());
+  }
+  return out;
+}
+
+// The settings named by Python keyword arguments (settings.hpp lists them), the rest default.
+Settings settings_from(std::string policy, const nb::kwargs& kwargs) {
+  Settings settings;
+  settings.policy = std::move(policy);
+  for (const auto& [key, value] : kwargs) {
+    const std::string name = nb::cast<std::string>(key);
+    bool known = false;
+#define ACTORMESH_SET_SETTING(type, field, default_value)         \
+    if (name == #field) {                                          \
+      settings.field = setting_value<type>(#field, value);         \
+      known = true;                                                \
+    }
+    ACTORMESH_SETTINGS(ACTORMESH_SET_SETTING)
+#undef ACTORMESH_SET_SETTING
+    if (!known) {
+      const std::string message = "Scheduler(): '" + name + "' is no setting (csrc/settings.hpp)";
+      throw nb::type_error(message.c_str());
+    }
+  }
+  return settings;
+}
+
+// Every setting's default, by name: `_native.SETTINGS`.
+nb::dict setting_defaults() {
+  const Settings defaults;
+  nb::dict out;
+#define ACTORMESH_SETTING_DEFAULT(type, field, default_value) out[#field] = defaults.field;
+  ACTORMESH_SETTINGS(ACTORMESH_SETTING_DEFAULT)
+#undef ACTORMESH_SETTING_DEFAULT
+  return out;
 }
 
 // actormesh._native.PickerError; the module holds the reference.
@@ -173,8 +234,8 @@ Picker wrap_picker(PickerRef picker) {
 // calls' payloads, which the garbage collector must see (a payload that refers back to the
 // scheduler forms a cycle).
 struct PyScheduler : Scheduler {
-  PyScheduler(SchedulerConfig config, PickerRef picker_ref)
-      : Scheduler(std::move(config)), picker(std::move(picker_ref)) {}
+  PyScheduler(int64_t num_actors, Settings settings, PickerRef picker_ref)
+      : Scheduler(num_actors, std::move(settings)), picker(std::move(picker_ref)) {}
   ~PyScheduler() { drop_queued(); }
   PyScheduler(const PyScheduler&) = delete;
   PyScheduler& operator=(const PyScheduler&) = delete;
@@ -289,47 +350,21 @@ NB_MODULE(_native, m) {
                           nb::type_slots(scheduler_slots))
       .def(
           "__init__",
-          [](PyScheduler* self, int64_t num_actors, std::string policy, int64_t max_in_flight,
-             int64_t max_tasks, double pipeline_s, bool pipeline_backlog, int64_t coalesce,
-             double batch_budget_s,
-             double hold_ratio, uint64_t seed, double ewma_alpha, double prior_s,
-             int64_t affinity_abs,
-             double affinity_rel, int64_t affinity_capacity, bool sticky, int64_t eject_after,
-             double eject_base_s, double eject_max_s, std::optional<nb::callable> picker) {
-            SchedulerConfig config;
-            config.num_actors = num_actors;
-            config.policy = std::move(policy);
-            config.max_in_flight = max_in_flight;
-            config.max_tasks = max_tasks;
-            config.pipeline_s = pipeline_s;
-            config.pipeline_backlog = pipeline_backlog;
-            config.coalesce = coalesce;
-            config.batch_budget_s = batch_budget_s;
-            config.hold_ratio = hold_ratio;
-            config.seed = seed;
-            config.ewma_alpha = ewma_alpha;
-            config.prior_s = prior_s;
-            config.affinity_abs = affinity_abs;
-            config.affinity_rel = affinity_rel;
-            config.affinity_capacity = affinity_capacity;
-            config.sticky = sticky;
-            config.eject_after = eject_after;
-            config.eject_base_s = eject_base_s;
-            config.eject_max_s = eject_max_s;
+          [](PyScheduler* self, int64_t num_actors, std::string policy,
+             std::optional<nb::callable> picker, const nb::kwargs& settings_kwargs) {
+            Settings settings = settings_from(std::move(policy), settings_kwargs);
             PickerRef picker_ref;
             if (picker) {
               picker_ref = std::make_shared<nb::object>(std::move(*picker));
-              config.picker = wrap_picker(picker_ref);
+              settings.picker = wrap_picker(picker_ref);
             }
-            new (self) PyScheduler(std::move(config), std::move(picker_ref));
+            new (self) PyScheduler(num_actors, std::move(settings), std::move(picker_ref));
           },
-          "num_actors"_a, "policy"_a = "pow2", nb::kw_only(), "max_in_flight"_a = 0,
-          "max_tasks"_a = 0, "pipeline_s"_a = 0.0, "pipeline_backlog"_a = false, "coalesce"_a = 1,
-          "batch_budget_s"_a = 0.002,
-          "hold_ratio"_a = 0.0, "seed"_a = 0, "ewma_alpha"_a = 0.2, "prior_s"_a = 0.0, "affinity_abs"_a = 2,
-          "affinity_rel"_a = 1.5, "affinity_capacity"_a = 65536, "sticky"_a = true,
-          "eject_after"_a = 0,
-          "eject_base_s"_a = 1.0, "eject_max_s"_a = 30.0, "picker"_a = nb::none())
+          "num_actors"_a, "policy"_a = "pow2", nb::kw_only(), "picker"_a = nb::none(),
+          "settings"_a,
+          nb::sig("def __init__(self, num_actors: int, policy: str = 'pow2', *, "
+                  "picker: Picker | None = None, **settings: Unpack[SchedulerSettings]) "
+                  "-> None"))
       .def(
           "add_group",
           [](PyScheduler& s, const std::vector<int64_t>& members) {
@@ -509,6 +544,8 @@ NB_MODULE(_native, m) {
       .def_prop_ro("affinity_capacity",
                    [](const PyScheduler& s) { return s.affinity_capacity(); })
       .def_prop_ro("may_hold", [](const PyScheduler& s) { return s.may_hold(); });
+
+  m.attr("SETTINGS") = setting_defaults();
 
   m.def("measure_decision_ns", &actormesh::measure_decision_ns, "policy"_a, "num_actors"_a,
         "decisions"_a, "seed"_a = 0, nb::call_guard<nb::gil_scoped_release>(),

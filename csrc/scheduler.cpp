@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <utility>
 
@@ -11,99 +10,15 @@
 
 namespace actormesh {
 
-namespace {
-
-std::string format_double(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
-
-// Checks every setting and fills in the defaults that depend on the policy.
-SchedulerConfig validated(SchedulerConfig c) {
-  if (c.num_actors < 1 || c.num_actors > std::numeric_limits<int32_t>::max()) {
-    throw std::invalid_argument("num_actors " + std::to_string(c.num_actors) + ": must be >= 1");
-  }
-  if (c.picker) {
-    // The default policy name stands for "unspecified" when a picker is given.
-    if (c.policy != "external" && c.policy != "pow2") {
-      throw std::invalid_argument("policy '" + c.policy +
-                                  "' with a picker: a picker makes the policy 'external'");
-    }
-    c.policy = "external";
-  } else if (c.policy == "external") {
-    throw std::invalid_argument("policy 'external' needs a picker");
-  }
-  const PolicyKind kind = parse_policy(c.policy);
-  if (c.max_in_flight < 0 || c.max_in_flight > std::numeric_limits<int32_t>::max()) {
-    throw std::invalid_argument("max_in_flight " + std::to_string(c.max_in_flight) +
-                                ": must be >= 0 (0 = unbounded)");
-  }
-  if (kind == PolicyKind::pull && c.max_in_flight == 0) c.max_in_flight = 1;
-  if (c.max_tasks < 0 || c.max_tasks > std::numeric_limits<int32_t>::max()) {
-    throw std::invalid_argument("max_tasks " + std::to_string(c.max_tasks) +
-                                ": must be >= 0 (0 = unbounded)");
-  }
-  if (!(c.pipeline_s >= 0.0 && std::isfinite(c.pipeline_s))) {
-    throw std::invalid_argument("pipeline_s " + format_double(c.pipeline_s) +
-                                ": must be finite and >= 0");
-  }
-  if (c.coalesce < 1 || c.coalesce > std::numeric_limits<int32_t>::max()) {
-    throw std::invalid_argument("coalesce " + std::to_string(c.coalesce) +
-                                ": must be >= 1 (1 = every call alone)");
-  }
-  if (!(c.hold_ratio >= 0.0 && std::isfinite(c.hold_ratio))) {
-    throw std::invalid_argument("hold_ratio " + format_double(c.hold_ratio) +
-                                ": must be finite and >= 0 (0 = never hold a call back)");
-  }
-  if (!(c.batch_budget_s > 0.0 && std::isfinite(c.batch_budget_s))) {
-    throw std::invalid_argument("batch_budget_s " + format_double(c.batch_budget_s) +
-                                ": must be finite and > 0");
-  }
-  if (!(c.ewma_alpha > 0.0 && c.ewma_alpha <= 1.0)) {
-    throw std::invalid_argument("ewma_alpha " + format_double(c.ewma_alpha) +
-                                ": must be in (0, 1]");
-  }
-  if (!(c.prior_s >= 0.0 && std::isfinite(c.prior_s))) {
-    throw std::invalid_argument("prior_s " + format_double(c.prior_s) +
-                                ": must be finite and >= 0");
-  }
-  if (c.affinity_abs < 0 || c.affinity_abs > std::numeric_limits<uint32_t>::max()) {
-    throw std::invalid_argument("affinity_abs " + std::to_string(c.affinity_abs) +
-                                ": must be >= 0");
-  }
-  if (!(c.affinity_rel >= 0.0 && std::isfinite(c.affinity_rel))) {
-    throw std::invalid_argument("affinity_rel " + format_double(c.affinity_rel) +
-                                ": must be finite and >= 0");
-  }
-  if (c.eject_after < 0 || c.eject_after > std::numeric_limits<uint32_t>::max()) {
-    throw std::invalid_argument("eject_after " + std::to_string(c.eject_after) +
-                                ": must be >= 0 (0 = never eject)");
-  }
-  if (!(c.eject_base_s > 0.0 && std::isfinite(c.eject_base_s)) ||
-      !(c.eject_max_s >= c.eject_base_s && std::isfinite(c.eject_max_s))) {
-    throw std::invalid_argument("eject_base_s " + format_double(c.eject_base_s) +
-                                ", eject_max_s " + format_double(c.eject_max_s) +
-                                ": need 0 < base <= max, both finite");
-  }
-  if (c.affinity_capacity < 0) {
-    throw std::invalid_argument("affinity_capacity " + std::to_string(c.affinity_capacity) +
-                                ": must be >= 0");
-  }
-  return c;
-}
-
-}  // namespace
-
-Scheduler::Scheduler(SchedulerConfig config)
-    : config_(validated(std::move(config))),
-      settings_{parse_policy(config_.policy), config_.prior_s, &config_.picker},
-      loads_(static_cast<uint32_t>(config_.num_actors),
-             static_cast<uint32_t>(config_.max_in_flight),
-             TaskLimits{static_cast<uint32_t>(config_.max_tasks), config_.pipeline_s},
-             config_.ewma_alpha, config_.prior_s),
-      rng_(config_.seed),
-      affinity_(static_cast<uint64_t>(config_.affinity_capacity)),
+Scheduler::Scheduler(int64_t num_actors, Settings settings)
+    : settings_(validated(std::move(settings), num_actors)),
+      policy_{parse_policy(settings_.policy), settings_.prior_s, &settings_.picker},
+      loads_(static_cast<uint32_t>(num_actors),
+             static_cast<uint32_t>(settings_.max_in_flight),
+             TaskLimits{static_cast<uint32_t>(settings_.max_tasks), settings_.pipeline_s},
+             settings_.ewma_alpha, settings_.prior_s),
+      rng_(settings_.seed),
+      affinity_(static_cast<uint64_t>(settings_.affinity_capacity)),
       memberships_(loads_.size()) {
   std::vector<int64_t> everyone(loads_.size());
   for (uint32_t actor = 0; actor < loads_.size(); ++actor) everyone[actor] = actor;
@@ -162,7 +77,7 @@ uint32_t Scheduler::add_group(const std::vector<int64_t>& members) {
   const uint32_t size = static_cast<uint32_t>(sorted.size());
   Group group;
   group.users = 1;
-  group.policy = make_policy(settings_, size);
+  group.policy = make_policy(policy_, size);
   for (uint32_t pos = 0; pos < size; ++pos) {
     const uint32_t actor = sorted[pos];
     const Standing now = standing(actor);
@@ -279,8 +194,8 @@ bool Scheduler::sticks(uint32_t group, uint32_t actor) const {
   if (loads_[actor].ejected) return false;
   const uint32_t load = loads_[actor].in_flight;
   const uint32_t least = g.preferred_loads.min();
-  const bool overloaded = load - least > static_cast<uint64_t>(config_.affinity_abs) &&
-                          load > config_.affinity_rel * least;
+  const bool overloaded = load - least > static_cast<uint64_t>(settings_.affinity_abs) &&
+                          load > settings_.affinity_rel * least;
   return !overloaded;
 }
 
@@ -308,7 +223,7 @@ uint32_t Scheduler::least_loaded_eligible(const Group& group) const {
 // recency has changed.
 std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call,
                                           uint64_t waiting) {
-  const bool sticky = call.affinity && config_.sticky;
+  const bool sticky = call.affinity && settings_.sticky;
   learn_others();
   if (sticky) {
     const std::optional<uint32_t> last = affinity_.find(*call.affinity);
@@ -324,7 +239,7 @@ std::optional<uint32_t> Scheduler::choose(uint32_t group, const QueuedCall& call
                                      call.payload});
   } else if (g.healthy > 0) {
     return std::nullopt;
-  } else if (settings_.kind == PolicyKind::external) {
+  } else if (policy_.kind == PolicyKind::external) {
     pos = g.policy->pick(PickContext{loads_, g.members, g.eligible, rng_, call.affinity, true,
                                      call.payload});
   } else {
@@ -393,7 +308,7 @@ bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
   const double passed_over = static_cast<double>(loads_.age(actor)) / loads_.stale_after();
   const double time = std::max(a.low_s * std::pow(2.0, -passed_over), kMinTime);
   const double wait = static_cast<double>(waiting + others) / rate;
-  const double bar = config_.hold_ratio * others / rate;
+  const double bar = settings_.hold_ratio * others / rate;
   const bool straggler =
       time > bar || (time > kFloor * bar && pace > 0.0 &&
                      a.latest_floor_s() > std::max(kAllSlow * bar, kAboveMean * others / pace));
@@ -408,7 +323,7 @@ bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
 }
 
 bool Scheduler::may_hold() const {
-  return config_.hold_ratio > 0.0 && settings_.kind == PolicyKind::adaptive &&
+  return settings_.hold_ratio > 0.0 && policy_.kind == PolicyKind::adaptive &&
          loads_.max_tasks() > 0;
 }
 
@@ -450,9 +365,9 @@ double Scheduler::method_quantile_s(int64_t method, double q) const {
 uint32_t Scheduler::batch_size(int64_t method) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const QueuedCall call{0, std::nullopt, 0, check_method(method), false};
-  if (config_.coalesce == 1 || !may_ride(call)) return 1;
-  const double fits = std::floor(config_.batch_budget_s / expected_s(call));
-  return static_cast<uint32_t>(std::clamp(fits, 1.0, static_cast<double>(config_.coalesce)));
+  if (settings_.coalesce == 1 || !may_ride(call)) return 1;
+  const double fits = std::floor(settings_.batch_budget_s / expected_s(call));
+  return static_cast<uint32_t>(std::clamp(fits, 1.0, static_cast<double>(settings_.coalesce)));
 }
 
 Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint64_t payload,
@@ -534,14 +449,14 @@ Drain Scheduler::expire_holds(double now_s) {
 double Scheduler::expected_s(const QueuedCall& call) const {
   constexpr double kUnmeasuredBatch = 4.0;
   const MethodLoad& m = loads_.method(call.method);
-  return m.measured ? m.ewma_s : config_.batch_budget_s / kUnmeasuredBatch;
+  return m.measured ? m.ewma_s : settings_.batch_budget_s / kUnmeasuredBatch;
 }
 
 // Whether a queued call may ride a batch that another call opened. A keyed call whose keys a
 // picker routes itself (no native stickiness) must reach the picker, so it goes alone too.
 bool Scheduler::may_ride(const QueuedCall& call) const {
   return !call.alone && !loads_.method(call.method).alone &&
-         (config_.sticky || !call.affinity);
+         (settings_.sticky || !call.affinity);
 }
 
 // Of `actor`'s groups with a queue that `accept` lets through, the one whose first call is the
@@ -587,9 +502,9 @@ Scheduler::Budget Scheduler::budget(uint32_t group, uint32_t actor) const {
                        static_cast<double>(kBacklog * std::max(g.live, 1u));
   const ActorLoad& a = loads_[actor];
   if (depth < 1.0 || !a.known() || a.failures_in_a_row > 0 || !not_slower(g, actor)) {
-    return {config_.batch_budget_s, 1};
+    return {settings_.batch_budget_s, 1};
   }
-  return {config_.batch_budget_s * std::min(depth, kBacklogBudgets), 2};
+  return {settings_.batch_budget_s * std::min(depth, kBacklogBudgets), 2};
 }
 
 // Coalescing: after `first` was dispatched from `group` to `actor` (the last decision in `out`),
@@ -599,11 +514,11 @@ Scheduler::Budget Scheduler::budget(uint32_t group, uint32_t actor) const {
 // minimum). They stop at the first call that may not ride, so every queue still leaves in FIFO
 // order. Ties between groups go to the oldest ticket, as in a drain.
 void Scheduler::add_mates(uint32_t group, uint32_t actor, const QueuedCall& first, Drain& out) {
-  if (config_.coalesce == 1 || !may_ride(first)) return;
+  if (settings_.coalesce == 1 || !may_ride(first)) return;
   const size_t opened = out.dispatched.size() - 1;
   const Budget allowed = budget(group, actor);
   double left = allowed.seconds - expected_s(first);
-  while (out.dispatched[opened].calls < config_.coalesce && loads_.has_call_slot(actor)) {
+  while (out.dispatched[opened].calls < settings_.coalesce && loads_.has_call_slot(actor)) {
     const std::optional<uint32_t> found = oldest_queue(actor, [](uint32_t) { return true; });
     if (!found) return;
     const uint32_t from = *found;
@@ -617,7 +532,7 @@ void Scheduler::add_mates(uint32_t group, uint32_t actor, const QueuedCall& firs
     dispatched_from(from);
     free_if_unused(from);
     add_load(actor, 1, 0);
-    if (mate.affinity && config_.sticky) affinity_.assign(*mate.affinity, actor);
+    if (mate.affinity && settings_.sticky) affinity_.assign(*mate.affinity, actor);
     out.dispatched.push_back({mate.ticket, static_cast<int32_t>(actor), mate.payload, 0});
     ++out.dispatched[opened].calls;
   }
@@ -679,7 +594,7 @@ Drain Scheduler::drain_locked(uint32_t actor) {
 // picker sees every call: those wait as before, and the calls behind them too.
 void Scheduler::pipeline_backlog(uint32_t actor, Drain& out) {
   constexpr double kTail = 5.0;
-  if (!config_.pipeline_backlog || settings_.kind == PolicyKind::external || queued_.empty()) {
+  if (!settings_.pipeline_backlog || policy_.kind == PolicyKind::external || queued_.empty()) {
     return;
   }
   const ActorLoad& a = loads_[actor];
@@ -724,12 +639,12 @@ Drain Scheduler::drain(int64_t actor) {
 // ejection that no success interrupted).
 void Scheduler::eject_if_due(uint32_t actor, double now_s) {
   const ActorLoad& load = loads_[actor];
-  if (config_.eject_after == 0 || load.ejected || !load.alive() ||
-      load.failures_in_a_row < static_cast<uint64_t>(config_.eject_after)) {
+  if (settings_.eject_after == 0 || load.ejected || !load.alive() ||
+      load.failures_in_a_row < static_cast<uint64_t>(settings_.eject_after)) {
     return;
   }
-  const double backoff = std::ldexp(config_.eject_base_s, static_cast<int>(std::min(load.ejections, 30u)));
-  const double until = now_s + std::min(backoff, config_.eject_max_s);
+  const double backoff = std::ldexp(settings_.eject_base_s, static_cast<int>(std::min(load.ejections, 30u)));
+  const double until = now_s + std::min(backoff, settings_.eject_max_s);
   const Standing before = standing(actor);
   loads_.eject(actor, until);
   changed(actor, before);

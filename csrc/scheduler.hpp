@@ -18,44 +18,10 @@
 #include "picker.hpp"
 #include "policy.hpp"
 #include "rng.hpp"
+#include "settings.hpp"
 #include "shared_load.hpp"
 
 namespace actormesh {
-
-struct SchedulerConfig {
-  int64_t num_actors = 1;
-  std::string policy = "pow2";
-  int64_t max_in_flight = 0;  // per actor; 0 = unbounded (pull: 0 means 1)
-  // Ray tasks per actor; 0 = unbounded. A task beyond an actor's first only while its
-  // service-time estimate is below pipeline_s (0: always) or steady, or, with pipeline_backlog,
-  // a second one while calls back up in its group (Scheduler::pipeline_backlog).
-  int64_t max_tasks = 0;
-  double pipeline_s = 0.0;
-  bool pipeline_backlog = false;
-  // Coalescing: a freed slot takes up to `coalesce` queued calls as one task (1: never), as long
-  // as their expected service times add up to at most `batch_budget_s`.
-  int64_t coalesce = 1;
-  double batch_budget_s = 0.002;
-  // `adaptive` over actors with task slots (max_tasks > 0): a call is held back from a free
-  // actor whose mean service time is over `hold_ratio` times the other members' (their
-  // harmonic mean), while a faster member is expected to take and finish it sooner (0: never).
-  double hold_ratio = 0.0;
-  uint64_t seed = 0;
-  double ewma_alpha = 0.2;
-  double prior_s = 0.0;
-  int64_t affinity_abs = 2;
-  double affinity_rel = 1.5;
-  int64_t affinity_capacity = 65536;
-  // Outlier ejection: after `eject_after` failed calls in a row (0: never) an actor is passed
-  // over for eject_base_s, doubled at each ejection without a success in between, at most
-  // eject_max_s.
-  // False: affinity keys are only passed on to the picker, which routes by key itself.
-  bool sticky = true;
-  int64_t eject_after = 0;
-  double eject_base_s = 1.0;
-  double eject_max_s = 30.0;
-  Picker picker;  // when set, the policy is `external`
-};
 
 struct Decision {
   uint64_t ticket;
@@ -84,7 +50,8 @@ class NoLiveActors : public std::runtime_error {
 // Every public method takes the scheduler's mutex, so any thread may call any method.
 class Scheduler {
  public:
-  explicit Scheduler(SchedulerConfig config);
+  // Throws std::invalid_argument naming a bad setting (see validated()).
+  Scheduler(int64_t num_actors, Settings settings);
 
   // Registers a group (the same members again: the same id, one more user).
   uint32_t add_group(const std::vector<int64_t>& members);
@@ -186,12 +153,12 @@ class Scheduler {
   uint64_t queued() const;
 
   uint32_t num_actors() const { return loads_.size(); }
-  const std::string& policy() const { return config_.policy; }
+  const std::string& policy() const { return settings_.policy; }
   uint32_t max_in_flight() const { return loads_.max_in_flight(); }
   uint32_t max_tasks() const { return loads_.max_tasks(); }
-  uint32_t coalesce() const { return static_cast<uint32_t>(config_.coalesce); }
-  uint64_t affinity_capacity() const { return static_cast<uint64_t>(config_.affinity_capacity); }
-  bool uses_picker() const { return settings_.kind == PolicyKind::external; }
+  uint32_t coalesce() const { return static_cast<uint32_t>(settings_.coalesce); }
+  uint64_t affinity_capacity() const { return static_cast<uint64_t>(settings_.affinity_capacity); }
+  bool uses_picker() const { return policy_.kind == PolicyKind::external; }
 
  private:
   // Where a queued ticket waits, for cancel().
@@ -259,8 +226,8 @@ class Scheduler {
   void learn_others(bool force = false);
 
   mutable std::mutex mutex_;
-  const SchedulerConfig config_;  // validated; first, since the members below are built from it
-  const PolicySettings settings_;
+  const Settings settings_;  // validated; first, since the members below are built from it
+  const PolicySettings policy_;
   LoadTable loads_;
   SplitMix64 rng_;
   AffinityTable affinity_;

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import ast
 import gc
 import heapq
+import inspect
 import math
 import threading
 import weakref
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import actormesh
 from actormesh import _native
+from benchmarks import reference
 
 Scheduler = _native.Scheduler
 POLICIES = ["random", "round_robin", "pow2", "least_loaded", "pull", "sed"]
@@ -47,6 +52,26 @@ def test_properties_report_the_configuration() -> None:
 def test_pull_defaults_to_one_slot_per_actor() -> None:
     assert Scheduler(3, "pull").max_in_flight == 1
     assert Scheduler(3, "pull", max_in_flight=3).max_in_flight == 3
+
+
+def test_a_name_that_is_no_setting_is_a_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match="'max_inflight' is no setting"):
+        Scheduler(2, max_inflight=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="coalesce='4': expected an int"):
+        Scheduler(2, coalesce="4")  # type: ignore[typeddict-item]
+
+
+def test_the_stub_and_the_twin_know_the_settings_of_the_core() -> None:
+    """csrc/settings.hpp spells the settings once; the type stub and the readable twin follow."""
+    stub = ast.parse((Path(actormesh.__file__).parent / "_native.pyi").read_text())
+    [typed] = [node for node in stub.body
+               if isinstance(node, ast.ClassDef) and node.name == "SchedulerSettings"]
+    names = [s.target.id for s in typed.body
+             if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+    assert ["policy", *names] == list(_native.SETTINGS)
+    twin = inspect.signature(reference.Scheduler).parameters
+    assert {name: twin[name].default for name in twin if name in _native.SETTINGS} == {
+        name: value for name, value in _native.SETTINGS.items() if name in twin}
 
 
 def test_unknown_policy_is_a_value_error_naming_it() -> None:
