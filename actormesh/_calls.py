@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import ray
-from ray import cloudpickle
+from ray.cloudpickle import cloudpickle as _cloudpickle
 from ray.exceptions import RayError
 
 from . import _loop, _native, _ray, _runner
@@ -46,6 +46,7 @@ from ._shape import Point, format_coords
 log = logging.getLogger("actormesh")
 
 _NO_KWARGS: dict[str, Any] = {}  # never written to
+_cloudpickle_dumps: Callable[..., bytes] = _cloudpickle.dumps  # untyped in Ray
 
 # How a task travels (see the module docstring).
 LONE, LIST, STREAM = 0, 1, 2
@@ -783,7 +784,7 @@ def _task_name(calls: list[Call]) -> str:
 
 def _serialisable(call: Call) -> bool:
     try:
-        cloudpickle.dumps((call.args, call.kwargs))
+        _cloudpickle_dumps((call.args, call.kwargs))
     except Exception:  # noqa: BLE001 - whatever pickling raises
         return False
     return True

@@ -29,8 +29,10 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import ray
-from ray import cloudpickle
+from ray.cloudpickle import cloudpickle as _cloudpickle
 from ray.exceptions import RayTaskError
+
+_cloudpickle_dumps: Callable[..., bytes] = _cloudpickle.dumps  # untyped in Ray
 
 BATCH = "_actormesh_batch"
 """The method a mesh actor's class gains to run a task of several calls: `BATCH(items)`."""
@@ -75,7 +77,8 @@ def _dumps(value: Any) -> bytes:
     try:
         return pickle.dumps(value, protocol=5)
     except Exception:  # noqa: BLE001 - a lambda, a local class: what Ray's cloudpickle takes
-        return bytes(cloudpickle.dumps(value, protocol=5))
+        pickled: bytes = _cloudpickle_dumps(value, protocol=5)
+        return pickled
 
 
 def _packed_value(instance: Any, name: str, value: Any) -> Packed:

@@ -27,6 +27,7 @@ from benchmarks.harness import driver
 from benchmarks.harness.contenders import (
     POLICIES,
     Contender,
+    FreshMesh,
     MeshChoose,
     RayActorPool,
     RayRandom,
@@ -62,6 +63,9 @@ class Fleet:
     contenders: list[Contender]
     default: str  # the default policy's contender
     created_at: float  # perf_counter when the actors were requested
+    # The default through a mesh made anew before each turn: played where a scenario asks
+    # (`Scenario.fresh`), to show that what ran before does not weigh on the default.
+    fresh: FreshMesh
     started_s: float = math.nan  # seconds until every actor answered
     overhead_s: float = 0.0  # per-call cost on top of the service time (see calibrate)
 
@@ -92,10 +96,11 @@ class Fleet:
                 family="aa" if twin else "actormesh"))
         contenders += [RayRandom(owner.actors, seed=99), RayRoundRobin(owner.actors),
                        RayActorPool(owner.actors)]
+        fresh = FreshMesh(owner)
         if only:
             wanted = set(only) | ({twin_name(default)} if default in only else set())
             contenders = [c for c in contenders if c.name in wanted]
-        return cls(owner, meshes, contenders, default, t)
+        return cls(owner, meshes, contenders, default, t, fresh)
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         self.owner.wait_ready(timeout=timeout)
@@ -106,6 +111,7 @@ class Fleet:
                 timeout=60)
 
     def shutdown(self) -> None:
+        self.fresh.shutdown()
         for mesh in self.meshes.values():  # the owner last: it kills the actors
             if mesh is not self.owner:
                 mesh.shutdown()

@@ -162,6 +162,29 @@ class MeshChoose(Contender):
         return True
 
 
+class FreshMesh(MeshChoose):
+    """The default policy through a mesh made anew over the same actors before each turn: what
+    the default's mesh would do had nothing run on it before (its estimates, batch sizes and
+    holds start from nothing). Against the default's own mesh, after the other scenarios, it
+    shows whether what ran before still weighs on it."""
+
+    FRESH = "fresh mesh"
+
+    def __init__(self, mesh: am.ActorMesh[Any]) -> None:
+        super().__init__(am.ActorMesh.from_actors(mesh.actors), self.FRESH,
+                         "actormesh, the default balancer, a mesh made anew before each turn",
+                         family="actormesh")
+        self._handles = list(mesh.actors)
+
+    def begin(self, on_done: OnDone, *, deadline: float, retries: int = 0) -> None:
+        self.mesh.shutdown()
+        self.mesh = am.ActorMesh.from_actors(self._handles)
+        super().begin(on_done, deadline=deadline, retries=retries)
+
+    def shutdown(self) -> None:
+        self.mesh.shutdown()
+
+
 class _Handles(Contender):
     """Raw Ray calls on handles; the subclass decides which handle gets each call."""
 

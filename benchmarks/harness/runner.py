@@ -35,7 +35,7 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
     started = time.perf_counter()
     repeats = scenario.repeats or cfg.repeats
     slowdowns = scenario.slowdowns(cfg.actors)
-    contenders = fleet.contenders
+    contenders = fleet.contenders + ([fleet.fresh] if scenario.fresh else [])
     others = [c for c in contenders if c.family == "actormesh" and c.name != fleet.default]
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
     samples: dict[str, list[stats.RunSample | None]] = {c.name: [] for c in contenders}

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.config import Config
+from benchmarks.harness.contenders import FreshMesh
 from benchmarks.harness.context import Context
 from benchmarks.harness.section import Row
 from benchmarks.harness.workloads import Service, burst_arrivals, poisson_arrivals
@@ -42,6 +43,8 @@ class Scenario:
     # Why actormesh `random` against `random.choice` does not measure the library's overhead
     # here (empty: it does).
     overhead_note: str = ""
+    # Also played by the default through a mesh made anew before each turn (`FreshMesh`).
+    fresh: bool = False
     needs_fleet = True  # played on the fleet's shared actors
     pending = ""  # runs in every mode
 
@@ -138,9 +141,13 @@ def build(cfg: Config) -> list[Scenario]:
         Scenario("batch_straggler", "Batch with one actor 10× slower", "batch",
                  Service("exp", cfg.batch_mean_s), calls=cfg.batch_calls, slow_rank=n // 2,
                  slowdown=10.0, repeats=cfg.batch_repeats, headline=(Row("makespan_s"),)),
+        # Right after the batch with a slow actor: the default's mesh carries what it learnt
+        # there, and a mesh made anew before each turn shows what it would do without.
         Scenario("tiny_noop", "Tiny calls: no-op", "throughput", Service("const", 0.0),
                  method="noop", calls=cfg.tiny_calls, repeats=cfg.tiny_repeats,
-                 headline=(Row("throughput_per_s"), Row("cpu_us_per_call"))),
+                 headline=(Row("throughput_per_s"), Row("cpu_us_per_call"),
+                           Row("throughput_per_s", baseline=FreshMesh.FRESH)),
+                 fresh=True),
         Scenario("tiny_100us", "Tiny calls: 100 µs of CPU", "throughput",
                  Service("const", 100e-6), method="spin", calls=cfg.tiny_calls),
         Scenario("killed", "An actor killed mid-run", "fault", exp, load=0.5, kill_rank=1,
