@@ -157,7 +157,7 @@ class MeshMethod(Generic[P, R_co]):
             router.check_open(self._name)
         call = Call(router, self._name, args, kwargs, target=target, key=options.affinity,
                     retries=options.retries, method_id=self._method_id,
-                    alone=self._rides and _has_ref(args, kwargs), hedge=self._hedge)
+                    alone=not self._rides or _has_ref(args, kwargs), hedge=self._hedge)
         future: MeshFuture[R_co] = MeshFuture.of_call(
             call, self._choose_label, return_exceptions=options.return_exceptions)
         router.route(call)
@@ -217,7 +217,8 @@ class MeshMethod(Generic[P, R_co]):
         shared = _share.share_plan(plan)
         positions = sorted(plan)
         calls = [Call(router, self._name, *shared[p], point=Point(p, target.shape),
-                      method_id=self._method_id) for p in positions]
+                      method_id=self._method_id,
+                      alone=not self._rides or _has_ref(*shared[p])) for p in positions]
         label = f"{target.label}.{self._name}.{verb}"
         future: MeshFuture[Any] = MeshFuture.of_calls(
             calls, combine, label, router, return_exceptions=return_exceptions)
