@@ -23,7 +23,7 @@ from actormesh import _drivers, _named, _native
 DEAD_WITHIN_S = 10.0  # "within seconds"
 
 
-# -- a driver that forked, without Ray -------------------------------------------------------------
+# -- a driver that forked, without Ray ----------------------------------------------------------
 class Driver:
     """A driver process of its own with 3 calls in flight on actor 0 of the table at `path`,
     after it ran `then` (Python source that may fork; `keep` is a copy of its stdin, which a
@@ -31,7 +31,7 @@ class Driver:
 
     def __init__(self, path: str, then: str) -> None:
         code = textwrap.dedent("""
-            import gc, os, sys, time, multiprocessing
+            import gc, multiprocessing, os, sys
             from actormesh import _native
             scheduler = _native.Scheduler(2, "least_loaded")
             scheduler.share_load(sys.argv[1])
