@@ -167,10 +167,11 @@ class Scheduler {
     std::list<QueuedCall>::iterator call;
   };
 
+  // The core (scheduler.cpp): checks, and what the groups of an actor know of it.
   uint32_t check_actor(int64_t actor) const;
   uint32_t check_group(int64_t group) const;
+  uint32_t check_method(int64_t method) const;
   bool is_member(uint32_t group, uint32_t actor) const;
-
   // What the groups of an actor know of it; taken before a change and compared after it.
   struct Standing {
     uint32_t in_flight;
@@ -179,8 +180,8 @@ class Scheduler {
     bool preferred;
     bool healthy;  // alive and not ejected
     bool rated;    // alive, not ejected, and its speed known
-    double rate;  // its speed, 1 / low_s, when rated; else 0
-    double pace;  // 1 / ewma_s (its mean time, not the estimate slow to rise), when rated
+    double rate;   // its speed, 1 / low_s, when rated; else 0
+    double pace;   // 1 / ewma_s (its mean time, not the estimate slow to rise), when rated
   };
   Standing standing(uint32_t actor) const;
   // The group's rated members other than `actor`: how many, their summed speeds (`rate`) and
@@ -195,13 +196,25 @@ class Scheduler {
   void changed(uint32_t actor, const Standing& before);
   // Counts `calls` more calls on `actor`, carried by `tasks` more tasks.
   void add_load(uint32_t actor, int32_t calls, int32_t tasks);
-  std::optional<uint32_t> choose(uint32_t group, const QueuedCall& call, uint64_t waiting);
-  std::optional<uint32_t> free_member(uint32_t group, int64_t exclude, bool idle) const;
-  bool holds(uint32_t group, uint32_t actor, uint64_t waiting);
-  void dispatched_from(uint32_t group);
   void see_time(double now_s);
-  uint32_t check_method(int64_t method) const;
+
+  // Groups (scheduler_groups.cpp).
+  void free_group(uint32_t group);
+  void free_if_unused(uint32_t group);
+
+  // The queue and the slots (scheduler_queue.cpp).
+  std::optional<uint32_t> choose(uint32_t group, const QueuedCall& call, uint64_t waiting);
+  bool sticks(uint32_t group, uint32_t actor) const;
+  uint32_t least_loaded_eligible(const Group& group) const;
+  // Of `actor`'s groups with a queue that `accept` lets through, the one whose first call is
+  // the oldest (defined below: the drain and the batches both use it).
+  template <class Accept>
+  std::optional<uint32_t> oldest_queue(uint32_t actor, Accept accept) const;
+  Drain drain_locked(uint32_t actor);
+  void dispatch_queued(uint32_t group, uint32_t actor, const QueuedCall& call, Drain& out);
   void check_held(uint32_t actor, int64_t calls, bool task, const char* what) const;
+
+  // Coalescing and batch sizing (scheduler_batches.cpp).
   double expected_s(const QueuedCall& call) const;
   bool may_ride(const QueuedCall& call) const;
   bool not_slower(const Group& group, uint32_t actor) const;
@@ -211,18 +224,19 @@ class Scheduler {
   };
   Budget budget(uint32_t group, uint32_t actor) const;
   void add_mates(uint32_t group, uint32_t actor, const QueuedCall& first, Drain& out);
-  uint32_t least_loaded_eligible(const Group& group) const;
-  bool sticks(uint32_t group, uint32_t actor) const;
-  template <class Accept>
-  std::optional<uint32_t> oldest_queue(uint32_t actor, Accept accept) const;
-  Drain drain_locked(uint32_t actor);
   void pipeline_backlog(uint32_t actor, Drain& out);
-  void dispatch_queued(uint32_t group, uint32_t actor, const QueuedCall& call, Drain& out);
-  void free_group(uint32_t group);
-  void free_if_unused(uint32_t group);
+
+  // Stragglers: holds and hedges (scheduler_holds.cpp).
+  bool holds(uint32_t group, uint32_t actor, uint64_t waiting);
+  void dispatched_from(uint32_t group);
+  std::optional<uint32_t> free_member(uint32_t group, int64_t exclude, bool idle) const;
+
+  // Liveness and ejection (scheduler_failures.cpp).
   void eject_if_due(uint32_t actor, double now_s);
   void end_ejections(double now_s);
-  // Counts the other drivers' calls as the shared table says now, if a refresh is due.
+
+  // Several drivers (scheduler_drivers.cpp): counts the other drivers' calls as the shared
+  // table says now, if a refresh is due.
   void learn_others(bool force = false);
 
   mutable std::mutex mutex_;
@@ -245,5 +259,18 @@ class Scheduler {
   std::unique_ptr<SharedLoad> shared_;  // null unless several drivers share the mesh
   std::vector<uint32_t> others_;        // scratch for learn_others
 };
+
+// Of `actor`'s groups with a queue that `accept` lets through, the one whose first call is the
+// oldest (the lowest ticket); none if there is no such group.
+template <class Accept>
+std::optional<uint32_t> Scheduler::oldest_queue(uint32_t actor, Accept accept) const {
+  std::optional<uint32_t> best;
+  for (const Membership& m : memberships_[actor]) {
+    const Group& g = groups_[m.group];
+    if (g.queue.empty() || !accept(m.group)) continue;
+    if (!best || g.queue.front().ticket < groups_[*best].queue.front().ticket) best = m.group;
+  }
+  return best;
+}
 
 }  // namespace actormesh
