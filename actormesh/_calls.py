@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import ray
+from ray import ObjectRef
 from ray.cloudpickle import cloudpickle as _cloudpickle
 from ray.exceptions import RayError
 
@@ -231,7 +232,7 @@ class Task:
                 call_error = err
         else:
             packed = self.results[index]
-            if isinstance(packed, ray.ObjectRef):  # put for its `.ref`: read from there
+            if isinstance(packed, ObjectRef):  # put for its `.ref`: read from there
                 try:
                     return _ray.get(packed)
                 except RayError as err:
@@ -248,7 +249,7 @@ class Task:
             ref: ray.ObjectRef[Any] = self.ref
             return ref
         put = self.results[index]
-        if not isinstance(put, ray.ObjectRef):
+        if not isinstance(put, ObjectRef):
             value, error = _runner.unpack(put)
             put = ray.put(error if error is not None else value)  # an error as Ray stores one
             self.results[index] = put

@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 import actormesh as am
-from actormesh import _calls, _loop
+from actormesh import _loop
 
 _PACKAGE = os.path.dirname(os.path.abspath(am.__file__))
 
@@ -124,9 +124,12 @@ class Trace:
             print(f"    {file}:{function} ({self.sources[(file, function)]} lines)")
 
 
-# What Ray's completion thread runs of the library: its callbacks on a task's ObjectRefs. Ray
-# enters Python there afresh for each callback, so each is profiled while it runs.
-_CALLBACKS = ("_ready", "_listed", "_reported", "_stream_ended")
+# What Ray's completion thread runs of the library: its callbacks on a task's ObjectRefs (and,
+# to compare with earlier commits, those of the call path before tasks: `Call.ended`,
+# `_batch.Batch.ended`). Ray enters Python there afresh for each callback, so each is profiled
+# while it runs.
+_CALLBACKS = (("_calls", "Task", ("_ready", "_listed", "_reported", "_stream_ended")),
+              ("_calls", "Call", ("ended",)), ("_batch", "Batch", ("ended",)))
 
 
 def _on_threads(profile: Any) -> None:
@@ -141,13 +144,17 @@ def _on_threads(profile: Any) -> None:
 
     _loop.post(install)
     assert done.wait(10)
-    for name in _CALLBACKS:
-        original = getattr(_calls.Task, f"_untraced{name}", None) or getattr(_calls.Task, name)
-        if profile is None:
-            setattr(_calls.Task, name, original)
-            continue
-        setattr(_calls.Task, f"_untraced{name}", original)
-        setattr(_calls.Task, name, _profiled(original, profile))
+    for module_name, class_name, names in _CALLBACKS:
+        owner = getattr(sys.modules.get(f"actormesh.{module_name}"), class_name, None)
+        for name in names if owner is not None else ():
+            if not hasattr(owner, name):
+                continue
+            original = getattr(owner, f"_untraced{name}", None) or getattr(owner, name)
+            if profile is None:
+                setattr(owner, name, original)
+                continue
+            setattr(owner, f"_untraced{name}", original)
+            setattr(owner, name, _profiled(original, profile))
 
 
 def _profiled(callback: Callable[..., None], profile: Any) -> Callable[..., None]:
