@@ -18,7 +18,17 @@ from typing import Any
 
 import actormesh as am
 
-from ._protocol import Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
+from ._protocol import (
+    Blob,
+    Engine,
+    EngineStats,
+    PauseMode,
+    Piece,
+    SubRequest,
+    WeightSpec,
+    fetch,
+)
+from ._transfer import Formation
 from ._worker import EXTENSION
 
 log = logging.getLogger("actormesh.vllm")
@@ -212,11 +222,24 @@ class VllmEngine(Engine):
         return blob
 
     @am.method
-    async def load_weights(self, blob: bytes, version: int) -> int:
-        loaded = int((await self._llm.collective_rpc("actormesh_load_weights", args=(blob,)))[0])
+    async def load_weights(self, version: int, blobs: list[Blob]) -> int:
+        loaded = int((await self._llm.collective_rpc("actormesh_load_weights",
+                                                     args=(await fetch(blobs),)))[0])
+        await self._now_serving(version)
+        return loaded
+
+    @am.method
+    async def receive_weights(self, formation: Formation, extra: list[Blob],
+                              version: int) -> int:
+        received = int((await self._llm.collective_rpc(
+            "actormesh_receive_weights",
+            args=(formation.wire(), formation.rank_of(self._rank), await fetch(extra))))[0])
+        await self._now_serving(version)
+        return received
+
+    async def _now_serving(self, version: int) -> None:
         # Cached KV of the old weights would give wrong tokens; frozen requests are preempted
         # and recompute theirs on the new weights when they resume.
         await self._llm.reset_prefix_cache(reset_running_requests=True)
         await self._llm.update_weight_version(str(version))
         self._version = version
-        return loaded

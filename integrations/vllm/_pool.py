@@ -18,7 +18,12 @@ Cancelling one cancels its request down to the engine, which aborts it.
 A weight update is a transaction (`_updates`): its version is a fresh ticket; the engines pause
 ("keep"), load, and generation resumes only once every live engine serves the same weights: the
 new ones, or, if any engine failed, the ones they all served before (engines that loaded are
-rolled back; one that cannot be is restarted, and restored as it comes back).
+rolled back; one that cannot be is restarted, and restored as it comes back). Every update
+takes that one path (`_transact`), whoever brings the weights: `update_weights` (a blob in the
+object store, packed on the driver or, for an ObjectRef, by a task where the weights are) or a
+`WeightSender` (streamed from the sender's process over a collective group; see `_sender`). The
+version is committed, and reported, as soon as every engine serves it and the pool holds a copy
+of the weights (in the object store), before generation resumes.
 """
 
 from __future__ import annotations
@@ -30,10 +35,14 @@ import itertools
 import logging
 import os
 import threading
+import time
+import uuid
 from collections.abc import Callable, Coroutine, Generator, Hashable, Iterable, Mapping
 from typing import Any, Generic, ParamSpec, TypedDict, TypeVar
 
 import ray
+from ray.exceptions import RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from typing_extensions import Unpack
 
 import actormesh as am
@@ -42,8 +51,27 @@ from actormesh._balancer import BalancerSpec
 from .._checks import check_int, check_optional_int, seconds
 from .._options import ActorOptions
 from . import _updates, _weights
-from ._protocol import PAUSE_MODES, Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
+from ._protocol import (
+    PAUSE_MODES,
+    Blob,
+    Engine,
+    EngineStats,
+    PauseMode,
+    Piece,
+    SubRequest,
+    WeightSpec,
+)
 from ._requests import Generation, Sequence, check_prompt, check_sampling, group
+from ._sender import (
+    DEFAULT_BUCKET_BYTES,
+    Go,
+    SendRequest,
+    Sent,
+    WeightPort,
+    WeightSender,
+    check_backend,
+)
+from ._transfer import Formation
 from ._updates import EngineUpdate, WeightUpdate, WeightUpdateError
 
 log = logging.getLogger("actormesh.vllm")
@@ -53,6 +81,11 @@ P = ParamSpec("P")
 
 DIM = "engine"
 """The one dim of a pool's mesh."""
+
+_POLL_S = 5.0
+"""How long the pool's loop waits for a send request before it asks the port again."""
+_SETTLE_S = 30.0
+"""How long a blocking call waits beyond the operation's own timeout."""
 
 
 class MeshOptions(ActorOptions, total=False):
@@ -185,7 +218,15 @@ class EnginePool:
         self._interruptions = 0
         self._failovers = 0
         self._spec: WeightSpec | None = None
-        self._kept: dict[str, Any] = {}  # the weights every engine serves, where not the checkpoint's
+        # The weights every engine serves, where not the checkpoint's: name -> (sequence, ref
+        # of a safetensors blob holding it), the blobs in the object store, never on the driver.
+        self._kept: dict[str, tuple[int, ray.ObjectRef[bytes]]] = {}
+        self._kept_sequence = itertools.count()
+        self._checkpoint: dict[str, Any] = {}  # checkpoint tensors read so far
+        self._pool_id = uuid.uuid4().hex[:12]
+        self._port: Any = None  # the WeightPort, once a sender was made
+        self._serving: asyncio.Task[None] | None = None
+        self._formation: tuple[Hashable, Formation] | None = None  # the senders' current group
         self._issued = 0  # the last weight version handed out (loaded or not): never again
         self._last_update: WeightUpdate | None = None
         self._restarts = options.get("max_restarts", 0) != 0
@@ -346,9 +387,7 @@ class EnginePool:
         skipped (a restarted one is brought to the pool's state by `restore`, which runs after
         this control operation: waiting here for its restart would only spend the timeout),
         any other error raises."""
-        alive = self.mesh.load().alive  # a kill is seen a moment later: hence `_stopped`
-        ranks = [r for r in range(self.mesh.size) if alive[r] and r not in self._stopped]
-        values = await self._on_engines(ranks, method, timeout, *args)
+        values = await self._on_engines(self._live(), method, timeout, *args)
         out = []
         for value in values:
             if isinstance(value, (am.ActorDiedError, am.NoLiveActorsError)):
@@ -383,7 +422,9 @@ class EnginePool:
         generation resumes (every engine serves the weights it served before, with their
         version) and `WeightUpdateError` says what happened on each engine; so does
         `stats()["weight_update"]`. No token ever carried its version; the pool never hands
-        that number out again (a caller may give it again, for other weights).
+        that number out again (a caller may give it again, for other weights). An ObjectRef is
+        read, checked and packed by a Ray task, never on the driver. From a trainer's process,
+        `weight_sender()` sends without the object store.
         """
         if not isinstance(weights, (Mapping, ray.ObjectRef)):
             raise TypeError(f"weights: must be a mapping of name to tensor or an ObjectRef, "
@@ -392,32 +433,57 @@ class EnginePool:
         return self._controlled("update_weights", self._update, weights, version,
                                 self._limit(timeout))
 
+    def weight_sender(self, *, backend: str | None = None,
+                      bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSender:
+        """A picklable `WeightSender`: inside any Ray actor (a trainer's rank 0),
+        `sender.send(named_tensors)` streams the tensors over one collective group from that
+        process to every engine worker, never through the driver, and returns the version
+        every engine then serves. `backend`: `"gloo"` (CPU tensors), `"nccl"` (CUDA tensors,
+        engines on GPUs), or None to pick by the tensors' device. `bucket_bytes` bounds the
+        tensor bytes in flight (one bucket at a time)."""
+        backend = check_backend(backend)
+        bucket_bytes = check_int("bucket_bytes", bucket_bytes, 1)
+        limit = self._timeout_s + _SETTLE_S
+        spec = self._submit(self._weight_spec(self._timeout_s), "weight_sender").get(limit)
+        port = self._submit(self._open_port(), "weight_sender").get(limit)
+        return WeightSender(port, self._pool_id, spec, backend, bucket_bytes, self._timeout_s)
+
     async def _weight_spec(self, timeout: float) -> WeightSpec:
         if self._spec is None:
             self._spec = await self.mesh.methods.weight_spec.options(timeout=timeout).choose()
         return self._spec
 
     async def _current(self, names: set[str], timeout: float) -> dict[str, Any]:
-        """What every engine serves for `names`: the pool's last value, else the checkpoint's
-        (read from an engine once, and kept)."""
-        unread = sorted(names - set(self._kept))
+        """What every engine serves for `names`: from the copies the pool keeps, else the
+        checkpoint's (read from an engine once, and cached). Read on the driver: for the
+        members that complete a partial update, and to undo a failed one."""
+        out: dict[str, Any] = {}
+        by_copy: dict[Any, list[str]] = {}
+        for name in sorted(names & set(self._kept)):
+            by_copy.setdefault(self._kept[name][1], []).append(name)
+        for ref, wanted in by_copy.items():
+            tensors = _weights.unpack(await ref)
+            out.update({n: tensors[n] for n in wanted})
+        unread = sorted(names - set(self._kept) - set(self._checkpoint))
         if unread:
             blob = await self.mesh.methods.read_weights.options(timeout=timeout).choose(unread)
-            self._kept.update(_weights.unpack(blob))
-        return {n: self._kept[n] for n in names}
+            self._checkpoint.update(_weights.unpack(blob))
+        out.update({n: self._checkpoint[n] for n in names - set(self._kept)})
+        return out
 
-    async def _update(self, weights: Mapping[str, Any] | ray.ObjectRef[Any],
-                      version: int | None, timeout: float) -> int:
-        given: Mapping[str, Any] = await weights if isinstance(weights, ray.ObjectRef) else weights
-        if not isinstance(given, Mapping):
-            raise TypeError(f"weights ObjectRef holds {type(given).__name__}, not a mapping")
-        tensors = {name: (await value if isinstance(value, ray.ObjectRef) else value)
-                   for name, value in given.items()}
-        spec = await self._weight_spec(timeout)
-        _weights.check(tensors, spec)
-        full = {**await self._current(_weights.missing_members(set(tensors), spec), timeout),
-                **tensors}
-        blob, ref = await asyncio.to_thread(self._pack_and_put, full, spec)
+    async def _completion(self, names: set[str], spec: WeightSpec,
+                          timeout: float) -> tuple[set[str], ray.ObjectRef[bytes] | None]:
+        """The other members of the modules `names` touch, and a blob of their current values
+        (None if the modules are whole)."""
+        missing = _weights.missing_members(names, spec)
+        if not missing:
+            return missing, None
+        current = await self._current(missing, timeout)
+        return missing, await asyncio.to_thread(_pack_and_put, current, spec)
+
+    def _ticket(self, version: int | None) -> int:
+        """The version of a new update: `version`, if newer than the weights served, else the
+        next number never handed out."""
         if version is not None and version <= self.weight_version:
             raise ValueError(
                 f"version={version}: the engines serve weights version {self.weight_version}; "
@@ -425,26 +491,138 @@ class EnginePool:
                 "version to let the pool number the update)")
         ticket = self._issued + 1 if version is None else version
         self._issued = max(self._issued, ticket)
+        return ticket
+
+    async def _update(self, weights: Mapping[str, Any] | ray.ObjectRef[Any],
+                      version: int | None, timeout: float) -> int:
+        """`update_weights` on the loop: stage the blob, then the one load/commit path."""
+        spec = await self._weight_spec(timeout)
+        names, ref = await _stage(weights, spec)
+        missing, extra = await self._completion(names, spec, timeout)
+        ticket = self._ticket(version)
+        blobs: list[Blob] = [ref] if extra is None else [extra, ref]
+
+        async def load(ranks: list[int]) -> list[Any]:
+            return await self._on_engines(ranks, "load_weights", timeout, ticket, blobs)
+
+        async def keep() -> dict[str, Any]:
+            return {**dict.fromkeys(missing, extra), **dict.fromkeys(names, ref)}
+
+        return await self._transact(ticket, names | missing, load, keep, spec, timeout)
+
+    async def _open_port(self) -> Any:
+        """The pool's `WeightPort`, started (with the task that serves it) on first use."""
+        if self._port is None:
+            self._port = ray.remote(WeightPort).options(
+                num_cpus=0, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=True),
+            ).remote()
+            self._serving = asyncio.get_running_loop().create_task(self._serve(self._port))
+        return self._port
+
+    async def _serve(self, port: Any) -> None:
+        """Take the senders' requests from the port, one at a time, each as a control
+        operation (under the control lock, like `update_weights`)."""
+        while not self._closed:
+            try:
+                request: SendRequest | None = await port.take.remote(_POLL_S)
+            except Exception as err:  # noqa: BLE001 - the port is gone: the pool is closing
+                if not self._closed:
+                    log.error("the weight port failed: %s", err)
+                return
+            if request is None:
+                continue
+            async with self._control:
+                outcome: int | BaseException
+                try:
+                    outcome = await self._receive(port, request)
+                except Exception as err:  # noqa: BLE001 - the sender gets it
+                    outcome = err
+                try:
+                    await port.finish.remote(request.id, outcome)
+                except Exception as err:  # noqa: BLE001 - the port is gone: the pool is closing
+                    log.warning("telling a sender how its send ended failed: %s", err)
+
+    async def _receive(self, port: Any, request: SendRequest) -> int:
+        """A sender's update, on the loop under the control lock: the one load/commit path,
+        loading what the sender streams to the engines over its group."""
+        timeout = request.timeout_s
+        spec = await self._weight_spec(timeout)
+        names = set(request.names)
+        missing, extra = await self._completion(names, spec, timeout)
+        ticket = self._ticket(request.version)
+        members = tuple(self._live())
+        if not members:
+            raise am.MeshError("no live engine to send weights to")
+        key = (request.host, request.port, request.backend, timeout, members)
+        if self._formation is None or self._formation[0] != key:
+            self._formation = (key, Formation(uuid.uuid4().hex[:12], request.host, request.port,
+                                              members, request.backend, timeout))
+        formation = self._formation[1]
+
+        async def load(ranks: list[int]) -> list[Any]:
+            await port.go.remote(request.id, Go(formation, ticket))
+            return await self._on_engines(ranks, "receive_weights", timeout, formation,
+                                          [] if extra is None else [extra], ticket)
+
+        async def keep() -> dict[str, Any]:
+            sent: Sent | None = await port.wait_sent.remote(request.id, timeout)
+            if sent is None:
+                raise TimeoutError(f"the sender did not report within {timeout} s")
+            if sent.error:
+                raise RuntimeError(f"the sender failed: {sent.error}")
+            copies = {name: ref for names_in, ref in sent.copies for name in names_in}
+            return {**dict.fromkeys(missing, extra), **copies}
+
+        try:
+            return await self._transact(ticket, names | missing, load, keep, spec, timeout)
+        except BaseException:
+            self._formation = None  # the engines dropped a group a transfer failed on
+            raise
+
+    async def _transact(self, ticket: int, names: set[str],
+                        load: Callable[[list[int]], Coroutine[Any, Any, list[Any]]],
+                        keep: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+                        spec: WeightSpec, timeout: float) -> int:
+        """The one load/commit path of every weight update: pause ("keep") unless paused,
+        `load` on every live engine, then commit (the engines all loaded and `keep` gave the
+        blobs the pool keeps, whole modules: what restores a restarted engine) or undo, then
+        resume. The commit is recorded before resuming:
+        a version every engine serves stays committed, whatever fails after."""
         was_paused = self._paused is not None
+        started = time.perf_counter()
         if not was_paused:
             await self._pause("keep", timeout)
+        quiet = time.perf_counter()
         try:
-            loads = await self._on_engines(range(self.mesh.size), "load_weights", timeout, ref,
-                                           ticket)
-            engines = [_updates.outcome(rank, value) for rank, value in enumerate(loads)]
-            committed = _updates.landed(engines)
-            if not committed:
-                engines = await self._undo(engines, set(full), spec, timeout)
+            ranks = self._live()
+            values = dict(zip(ranks, await load(ranks)))
+            engines = [_updates.outcome(r, values[r]) if r in values
+                       else EngineUpdate(r, "dead", "dead or restarting when the update began")
+                       for r in range(self.mesh.size)]
+            committed, problem, kept = _updates.landed(engines), "", {}
+            if committed:
+                try:
+                    kept = await keep()
+                except Exception as err:  # noqa: BLE001 - no copy to keep: undo
+                    committed, problem = False, str(err)
+            loaded = time.perf_counter()
+            if committed:
+                sequence = next(self._kept_sequence)
+                self._kept.update({name: (sequence, ref) for name, ref in kept.items()})
+                self.weight_version = ticket
+            else:
+                engines = await self._undo(engines, names, spec, timeout)
+            report = self._last_update = WeightUpdate(ticket, committed, tuple(engines), problem,
+                                                      quiet - started, loaded - quiet)
         finally:
             if not was_paused:
                 await self._resume(timeout)
-        report = self._last_update = WeightUpdate(ticket, committed, tuple(engines))
         if not committed:
             log.error("%s; undone", report)
             raise WeightUpdateError(report, self.weight_version)
-        self._kept.update(_weights.unpack(blob))  # copies: the caller may change its tensors
-        self.weight_version = ticket
-        log.info("weights version %d loaded (%d tensors)", ticket, len(full))
+        log.info("weights version %d loaded (%d tensors)", ticket, len(names))
         return ticket
 
     async def _undo(self, engines: list[EngineUpdate], names: set[str], spec: WeightSpec,
@@ -456,9 +634,9 @@ class EnginePool:
         restored: dict[int, _updates.Restored] = {}
         try:
             previous = await self._current(names, timeout)
-            _, ref = await asyncio.to_thread(self._pack_and_put, previous, spec)
-            values = await self._on_engines(again, "load_weights", timeout, ref,
-                                            self.weight_version)
+            ref = await asyncio.to_thread(_pack_and_put, previous, spec)
+            values = await self._on_engines(again, "load_weights", timeout, self.weight_version,
+                                            [ref])
         except Exception as err:  # noqa: BLE001 - the previous weights cannot be had: restart
             log.error("rolling back a weight update failed (%s); restarting the engines", err)
             values = [err] * len(again)
@@ -494,10 +672,11 @@ class EnginePool:
                    for rank in ranks]
         return [list(await f)[0] for f in futures]
 
-    @staticmethod
-    def _pack_and_put(weights: Mapping[str, Any], spec: WeightSpec) -> tuple[bytes, Any]:
-        blob = _weights.pack(weights, spec)
-        return blob, ray.put(blob)  # put once: every engine reads the same object
+    def _live(self) -> list[int]:
+        """The engines alive now, but those the pool has just killed (a kill is seen a moment
+        later: hence `_stopped`)."""
+        alive = self.mesh.load().alive
+        return [r for r in range(self.mesh.size) if alive[r] and r not in self._stopped]
 
     def _on_restart(self, view: am.ActorMesh[Engine]) -> None:
         """A restarted engine answers again: have the loop restore it (it holds requests until
@@ -509,11 +688,12 @@ class EnginePool:
     async def _restore(self, view: am.ActorMesh[Engine]) -> None:
         async with self._control:
             self._stopped.discard(view.points[0].rank)
-            ref = None
-            if self._kept and self._spec is not None:
-                _, ref = await asyncio.to_thread(self._pack_and_put, self._kept, self._spec)
+            self._formation = None  # the new process is in no sender's group
+            copies = {ref: sequence for sequence, ref in self._kept.values()}
+            blobs: list[Blob] = [ref for ref in sorted(copies, key=copies.__getitem__)]
+            # (oldest first: a newer blob's value of a name wins)
             await view.methods.restore.options(timeout=self._timeout_s).all(
-                ref, self.weight_version, self._paused)
+                self.weight_version, self._paused, blobs)
             log.info("engine %d restarted and restored (weights version %d)",
                      view.points[0].rank, self.weight_version)
 
@@ -550,7 +730,20 @@ class EnginePool:
             return
         self._closed = True
         self.mesh.shutdown()
+        if self._port is not None:
+            try:
+                ray.kill(self._port, no_restart=True)  # senders' copies go with it
+            except Exception as err:  # noqa: BLE001 - gone with the cluster
+                log.debug("stopping the weight port failed: %s", err)
         self._loop.call_soon_threadsafe(self._open.set)  # held requests wake up and fail
+        if self._serving is not None:
+            serving = self._serving
+
+            async def stop_serving() -> None:
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
+
+            asyncio.run_coroutine_threadsafe(stop_serving(), self._loop).result(timeout=30)
         pending = list(self._pending)
         done, _ = cf.wait(pending, timeout=30)
         for future in pending:
@@ -606,6 +799,43 @@ class EnginePool:
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
         return PoolFuture(future, label)
+
+
+def _pack_and_put(weights: Mapping[str, Any], spec: WeightSpec) -> ray.ObjectRef[bytes]:
+    return ray.put(_weights.pack(weights, spec))  # once: every engine reads the same object
+
+
+async def _stage(weights: Mapping[str, Any] | ray.ObjectRef[Any],
+                 spec: WeightSpec) -> tuple[set[str], ray.ObjectRef[bytes]]:
+    """The names of an update and an ObjectRef of its blob, names and shapes checked. Tensors
+    the driver holds are packed here; an ObjectRef (of the mapping, or of its values) is read,
+    checked and packed by a task where the weights are: never on the driver."""
+    refs = isinstance(weights, ray.ObjectRef) or any(
+        isinstance(v, ray.ObjectRef) for v in weights.values())
+    if not refs:
+        assert isinstance(weights, Mapping)
+        _weights.check(weights, spec)
+        return set(weights), await asyncio.to_thread(_pack_and_put, weights, spec)
+    staged: Any = _stage_task.remote(weights, spec)
+    names_ref, blob_ref = staged
+    try:
+        names: list[str] = await names_ref
+    except RayTaskError as err:  # the check's own error, as the caller made it
+        raise err.cause from None
+    return set(names), blob_ref
+
+
+def _stage_in_task(weights: Any, spec: WeightSpec) -> tuple[list[str], bytes]:
+    """In a Ray task: resolve the weights (the mapping, its values), check and pack them."""
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights ObjectRef holds {type(weights).__name__}, not a mapping")
+    tensors = {name: ray.get(value) if isinstance(value, ray.ObjectRef) else value
+               for name, value in weights.items()}
+    _weights.check(tensors, spec)
+    return sorted(tensors), _weights.pack(tensors, spec)
+
+
+_stage_task = ray.remote(num_cpus=0, num_returns=2, max_retries=0)(_stage_in_task)
 
 
 def _merge_options(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,8 @@ import ray
 
 import actormesh as am
 
+from ._transfer import Formation
+
 PauseMode = Literal["keep", "abort", "wait"]
 PAUSE_MODES: tuple[PauseMode, ...] = ("keep", "abort", "wait")
 
@@ -85,6 +87,16 @@ class WeightSpec:
         """From the plain dict an engine's worker sends back (lists instead of tuples)."""
         return cls({n: tuple(int(d) for d in s) for n, s in raw["shapes"].items()},
                    dict(raw["dtypes"]), dict(raw["groups"]))
+
+
+Blob = bytes | ray.ObjectRef[bytes]
+"""A safetensors blob, or an ObjectRef of one: the pool passes refs inside a list, so that the
+engine reads each from the object store itself, whatever path its call took."""
+
+
+async def fetch(blobs: list[Blob]) -> list[bytes]:
+    """The blobs' bytes, read from the object store where they are refs."""
+    return [blob if isinstance(blob, bytes) else await blob for blob in blobs]
 
 
 class Engine(abc.ABC):
@@ -158,11 +170,11 @@ class Engine(abc.ABC):
         self._paused = None
 
     @am.method
-    async def restore(self, blob: bytes | None, version: int, paused: PauseMode | None) -> None:
-        """After a restart: load the pool's current weights (if it changed any), pause as the
-        pool is paused, then serve the `generate` calls held meanwhile."""
-        if blob is not None:
-            await self.load_weights(blob, version)
+    async def restore(self, version: int, paused: PauseMode | None, blobs: list[Blob]) -> None:
+        """After a restart: load the pool's current weights (the blobs it keeps, if it changed
+        any), pause as the pool is paused, then serve the `generate` calls held meanwhile."""
+        if blobs:
+            await self.load_weights(version, blobs)
         if paused is not None:
             await self.pause(paused)
         self._restore_gate.set()
@@ -219,7 +231,18 @@ class Engine(abc.ABC):
 
     @am.method
     @abc.abstractmethod
-    async def load_weights(self, blob: bytes, version: int) -> int:
-        """Load the tensors of a safetensors blob (whole modules only), reset the prefix cache,
-        tag later tokens with `version`; return the number of tensors loaded."""
+    async def load_weights(self, version: int, blobs: list[Blob]) -> int:
+        """Load the tensors of safetensors blobs in one go (whole modules only; a name in a
+        later blob wins), reset the prefix cache, tag later tokens with `version`; return the
+        number of tensors loaded. `fetch(blobs)` reads them."""
+        ...
+
+    @am.method
+    @abc.abstractmethod
+    async def receive_weights(self, formation: Formation, extra: list[Blob],
+                              version: int) -> int:
+        """As `load_weights`, for tensors streamed by a `WeightSender`: join `formation`'s group
+        (unless already in it) as rank `formation.rank_of(rank)`, receive what its rank 0
+        broadcasts and load it, with the `extra` blobs (the current values that complete its
+        modules) in the same load. Returns the number of tensors received."""
         ...

@@ -43,12 +43,17 @@ class WeightUpdate:
     version: int
     committed: bool
     engines: tuple[EngineUpdate, ...]
+    error: str = ""  # what failed beside the engines (the sender, the pool's copy)
+    pause_s: float = 0.0  # from the pause ("keep") until every engine was quiet
+    load_s: float = 0.0  # from then until every engine had loaded (and the copy was kept)
 
     def __str__(self) -> str:
         parts = []
         for e in self.engines:
             text = f"engine {e.rank} {e.outcome}" + (f" ({e.error})" if e.error else "")
             parts.append(text + (f", {e.restored}" if e.restored else ""))
+        if self.error:
+            parts.append(self.error)
         return f"weights version {self.version}: " + "; ".join(parts)
 
 
@@ -60,9 +65,13 @@ class WeightUpdateError(am.MeshError):
     def __init__(self, report: WeightUpdate, serving: int) -> None:
         self.report = report
         self.version = report.version
+        self.serving = serving
         super().__init__(f"{report}. The update was undone: every engine serves weights "
                          f"version {serving} again, and no token carries version "
                          f"{report.version}")
+
+    def __reduce__(self) -> tuple[type[WeightUpdateError], tuple[WeightUpdate, int]]:
+        return type(self), (self.report, self.serving)  # crosses to a sender's process
 
 
 def outcome(rank: int, value: Any) -> EngineUpdate:

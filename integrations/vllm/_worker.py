@@ -2,7 +2,8 @@
 
 vLLM mixes this class into its worker (`worker_extension_cls`), so `AsyncLLM.collective_rpc`
 reaches these methods where the model lives. Arguments and results cross a msgpack channel:
-weights travel as safetensors bytes. Loading goes through `model_runner.reload_weights`
+weights travel as safetensors bytes, or, from a `WeightSender`, over a collective group the
+worker joins (`_transfer`). Loading goes through `model_runner.reload_weights`
 (checkpoint format, whole modules): in float32 on the CPU, the model's own `load_weights`
 changes nothing, since the CPU kernels repack weights when they are loaded.
 """
@@ -11,11 +12,15 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
 from typing import Any
 
 _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 EXTENSION = "actormesh.integrations.vllm._worker.WeightLoader"
+
+ROLE = "engine"
+"""The role of an engine worker's group in `_transfer` (one per process)."""
 
 
 class WeightLoader:
@@ -78,11 +83,55 @@ class WeightLoader:
             raise KeyError(f"not in the checkpoint: {sorted(missing)}")
         return bytes(save(tensors))
 
-    def actormesh_load_weights(self, blob: bytes) -> int:
-        """Load whole modules from safetensors bytes into the running model."""
+    def actormesh_load_weights(self, blobs: list[bytes]) -> int:
+        """Load whole modules from safetensors blobs (a name in a later one wins) in one go."""
         from safetensors.torch import load
 
-        weights = load(blob)
-        self.model_runner.reload_weights(weights_iterator=iter(weights.items()),
-                                         is_checkpoint_format=True)
+        weights: dict[str, Any] = {}
+        for blob in blobs:
+            weights.update(load(blob))
+        self._reload(iter(weights.items()))
         return len(weights)
+
+    def actormesh_receive_weights(self, formation: dict[str, Any], rank: int,
+                                  extra: list[bytes]) -> int:
+        """Join the sender's group (as `rank`), receive the buckets it broadcasts and load
+        them as they arrive, after the `extra` blobs, in one reload: one bucket at a time."""
+        import torch
+        from safetensors.torch import load
+
+        from ._transfer import Formation, drop, join, receive
+
+        spec = Formation.from_wire(formation)
+        if spec.backend == "nccl" and not torch.cuda.is_available():
+            raise RuntimeError(f"backend 'nccl' needs a GPU, and engine group rank {rank} "
+                               "sees none")
+        device = "cpu" if spec.backend == "gloo" else f"cuda:{torch.cuda.current_device()}"
+        received: list[str] = []
+
+        def stream(group: Any) -> Iterator[tuple[str, Any]]:
+            for blob in extra:
+                yield from load(blob).items()
+            for name, tensor in receive(group, device):
+                received.append(name)
+                yield name, tensor
+
+        try:
+            self._reload(stream(join(ROLE, spec, rank)))
+        except BaseException:
+            drop(ROLE)  # a cut collective leaves the group unusable: the next send forms anew
+            raise
+        return len(received)
+
+    def _reload(self, weights: Any) -> None:
+        """`reload_weights` in checkpoint format; if it fails half-way (a stream cut), finish
+        the reload so that no parameter is left on the meta device (each layer that got none of
+        its tensors keeps its old ones): the pool then loads the old weights back."""
+        try:
+            self.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        except BaseException:
+            from vllm.model_executor.model_loader.reload import layerwise
+
+            finish: Any = layerwise.finalize_layerwise_reload
+            finish(self.model_runner.get_model(), self.model_runner.model_config)
+            raise

@@ -27,10 +27,21 @@ from typing import Any
 
 import actormesh as am
 
-from ._protocol import Engine, EngineStats, PauseMode, Piece, SubRequest, WeightSpec
+from ._protocol import (
+    Blob,
+    Engine,
+    EngineStats,
+    PauseMode,
+    Piece,
+    SubRequest,
+    WeightSpec,
+    fetch,
+)
+from ._transfer import Formation
 
 _ARGS = {"step_s", "step_s_per_seq", "speeds", "max_num_seqs", "prefill_s_per_token", "block_size", "cache_blocks",
          "vocab_size", "eos_token_id", "hidden_size"}
+_ROLE = "fake-engine"  # its group in `_transfer`
 _CONTEXT = 8  # tokens of context a fake token depends on (besides the position)
 
 
@@ -293,11 +304,41 @@ class FakeEngine(Engine):
         return bytes(save({n: self._checkpoint[n] for n in names}))
 
     @am.method
-    async def load_weights(self, blob: bytes, version: int) -> int:
-        import numpy as np
+    async def load_weights(self, version: int, blobs: list[Blob]) -> int:
         from safetensors.numpy import load
 
-        weights = load(blob)
+        weights: dict[str, Any] = {}
+        for blob in await fetch(blobs):
+            weights.update(load(blob))
+        self._load(weights, version)
+        return len(weights)
+
+    @am.method
+    async def receive_weights(self, formation: Formation, extra: list[Blob],
+                              version: int) -> int:
+        from safetensors.numpy import load
+
+        def receive() -> dict[str, Any]:  # on a thread: the engine's loop keeps serving
+            from . import _transfer
+
+            try:
+                group = _transfer.join(_ROLE, formation, formation.rank_of(self._rank))
+                return {name: tensor.numpy().copy()
+                        for name, tensor in _transfer.receive(group, "cpu")}
+            except BaseException:
+                _transfer.drop(_ROLE)
+                raise
+
+        completion: dict[str, Any] = {}
+        for blob in await fetch(extra):
+            completion.update(load(blob))
+        received = await asyncio.to_thread(receive)
+        self._load({**completion, **received}, version)
+        return len(received)
+
+    def _load(self, weights: Mapping[str, Any], version: int) -> None:
+        import numpy as np
+
         touched = {self._spec.groups[n] for n in weights}
         for name, module in self._spec.groups.items():
             if module in touched:  # what vLLM does to the members of a module not loaded
@@ -306,4 +347,3 @@ class FakeEngine(Engine):
         self._salt = weights_salt(self._weights)
         self._cache.clear()
         self._version = version
-        return len(weights)

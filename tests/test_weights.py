@@ -1,0 +1,262 @@
+"""Weights from a trainer's process straight to the engines (`WeightSender`), and what every
+weight update promises, on `FakeEngine`s: one pool of two engines and one trainer actor shared
+by the module. Faults are armed in the engines (tests/vllm_faults.py) or the trainer
+(tests/weights_workers.py); waits are on signals, never on sleeps."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from vllm_faults import HOLD_GATE, FlakyEngine, arm_receive, fail_next_resume
+from weights_workers import Trainer
+from workers import Signal, wait_until, waiters
+
+import actormesh as am
+from actormesh.integrations.vllm import EnginePool, FakeEngine, WeightSender, WeightUpdateError
+from actormesh.integrations.vllm import _weights as weights_mod
+from actormesh.integrations.vllm._requests import Sequence, check_sampling
+from actormesh.integrations.vllm.fake import fake_checkpoint, fake_spec, reference
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+BUCKET_BYTES = 8 * 1024  # the fake model is ~70 KB: a send streams several buckets
+CHECKPOINT = fake_checkpoint(fake_spec())
+
+
+@pytest.fixture(scope="module")
+def pool(ray_cluster: None) -> Iterator[EnginePool]:
+    with EnginePool("fake", 2, engine_cls=FlakyEngine, num_cpus=0.25, max_restarts=2,
+                    engine_args={"step_s": 0.004}) as p:
+        p.wait_ready(timeout=120)
+        yield p
+
+
+@pytest.fixture(scope="module")
+def sender(pool: EnginePool) -> WeightSender:
+    return pool.weight_sender(bucket_bytes=BUCKET_BYTES)
+
+
+@pytest.fixture(scope="module")
+def trainer(sender: WeightSender) -> Iterator[am.ActorMesh[Trainer]]:
+    with am.ActorMesh(Trainer, 1, args=(sender,), num_cpus=0) as mesh:
+        yield mesh
+
+
+@pytest.fixture(autouse=True)
+def checkpoint_weights_after(pool: EnginePool, trainer: am.ActorMesh[Trainer]) -> Iterator[None]:
+    """Every test leaves the engines on the checkpoint's weights, as it found them."""
+    yield
+    wait_until(lambda: all(pool.mesh.load().alive), timeout=120)
+    trainer.methods.send.choose(CHECKPOINT).get(timeout=120)
+
+
+def rigged(value: float) -> dict[str, Any]:
+    return {**CHECKPOINT, "lm_head.weight": np.full((1000, 8), value, np.float32)}
+
+
+def served_by_each(pool: EnginePool, max_tokens: int = 6) -> list[tuple[list[int], list[int]]]:
+    """(tokens, weight versions) of one greedy request sent to each engine directly."""
+    request = Sequence(PROMPT, check_sampling({"max_tokens": max_tokens})).request("direct")
+    pieces = [pool.mesh[rank].methods.generate.choose([request]).get(timeout=120)[0]
+              for rank in range(pool.mesh.size)]
+    return [(p.token_ids, p.versions) for p in pieces]
+
+
+def test_a_send_from_a_trainer_actor_is_served_by_every_engine(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer],
+) -> None:
+    weights = rigged(0.5)
+    version = trainer.methods.send.choose(weights).get(timeout=120)
+    assert version == pool.weight_version
+    want = reference(PROMPT, 6, weights)[0]
+    assert served_by_each(pool) == [(want, [version] * 6)] * 2
+    report = pool.stats()["weight_update"]
+    assert report is not None and report.committed and report.version == version
+    assert [e.outcome for e in report.engines] == ["loaded", "loaded"]
+
+
+def test_a_given_version_is_the_one_served_and_an_older_one_is_refused(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer],
+) -> None:
+    version = pool.weight_version + 10
+    assert trainer.methods.send.choose(rigged(0.25), version).get(timeout=120) == version
+    with pytest.raises(ValueError, match=f"version={version}: the engines serve weights version "
+                                         f"{version}"):
+        trainer.methods.send.choose(rigged(0.75), version).get(timeout=120)
+    assert pool.weight_version == version
+
+
+def test_a_partial_send_keeps_the_other_members_of_a_fused_module(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer],
+) -> None:
+    q = "layers.0.self_attn.q_proj.weight"
+    trainer.methods.send.choose({q: CHECKPOINT[q]}).get(timeout=120)  # k and v completed
+    want = reference(PROMPT, 6)[0]
+    assert [tokens for tokens, _ in served_by_each(pool)] == [want] * 2
+
+
+def test_unknown_names_and_wrong_shapes_are_refused_before_anything_is_sent(
+    pool: EnginePool, sender: WeightSender,
+) -> None:
+    version = pool.weight_version
+    with pytest.raises(ValueError, match="lm_head.wieght"):
+        sender.send({"lm_head.wieght": np.zeros((1000, 8), np.float32)})
+    with pytest.raises(ValueError, match=r"lm_head.weight: \(8, 8\) instead of \(1000, 8\)"):
+        sender.send({"lm_head.weight": np.zeros((8, 8), np.float32)})
+    with pytest.raises(ValueError, match="'lm_head.weight' given twice"):
+        sender.send([("lm_head.weight", CHECKPOINT["lm_head.weight"])] * 2)
+    assert pool.weight_version == version
+    assert pool.stats()["weight_update"] is None or pool.stats()["weight_update"].version <= version
+
+
+def test_gpu_tensors_for_a_gloo_group_are_refused_naming_the_backend(pool: EnginePool) -> None:
+    gloo = pool.weight_sender(backend="gloo")
+    on_gpu = types.SimpleNamespace(shape=(1000, 8), device=types.SimpleNamespace(type="cuda"))
+    with pytest.raises(ValueError, match=r"backend 'gloo' sends CPU tensors, and "
+                                         r"\['lm_head.weight'\] are on a GPU"):
+        gloo.send({"lm_head.weight": on_gpu})
+    with pytest.raises(ValueError, match="backend='mpi'"):
+        pool.weight_sender(backend="mpi")
+
+
+def test_a_sender_is_picklable_and_names_its_pool(sender: WeightSender) -> None:
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(sender))
+    assert repr(copy) == repr(sender) and copy.bucket_bytes == BUCKET_BYTES
+
+
+def test_a_sender_that_dies_mid_send_leaves_the_old_weights_and_the_next_send_works(
+    pool: EnginePool, sender: WeightSender,
+) -> None:
+    served = pool.weight_version
+    with am.ActorMesh(Trainer, 1, args=(sender,), num_cpus=0) as doomed:
+        with pytest.raises(am.ActorDiedError):
+            doomed.methods.send_and_die.choose(rigged(0.5), 2).get(timeout=120)
+    wait_until(lambda: pool.stats()["weight_update"] is not None
+               and pool.stats()["weight_update"].version > served, timeout=120)
+    report = pool.stats()["weight_update"]
+    assert report is not None and not report.committed
+    assert pool.weight_version == served
+    want = reference(PROMPT, 6)[0]
+    assert served_by_each(pool) == [(want, [served] * 6)] * 2
+    # Another process sends next: the group forms again, with it.
+    with am.ActorMesh(Trainer, 1, args=(sender,), num_cpus=0) as other:
+        version = other.methods.send.choose(rigged(0.25)).get(timeout=120)
+    assert served_by_each(pool) == [(reference(PROMPT, 6, rigged(0.25))[0], [version] * 6)] * 2
+
+
+def test_an_engine_that_dies_mid_send_leaves_every_live_engine_on_one_weight_set(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer],
+) -> None:
+    served = pool.weight_version
+    pool.mesh[1].run_in_actors(arm_receive, "die").get(timeout=60)
+    outcome: int | BaseException
+    try:
+        outcome = trainer.methods.send.choose(rigged(0.5), None, 10).get(timeout=120)
+    except WeightUpdateError as err:
+        outcome = err
+    wait_until(lambda: all(pool.mesh.load().alive), timeout=120)  # restarted and restored
+    served_now = served if isinstance(outcome, BaseException) else outcome
+    weights = CHECKPOINT if isinstance(outcome, BaseException) else rigged(0.5)
+    assert pool.weight_version == served_now
+    want = reference(PROMPT, 6, weights)[0]
+    assert served_by_each(pool) == [(want, [served_now] * 6)] * 2
+
+
+def test_a_second_send_while_one_is_under_way_is_refused(
+    pool: EnginePool, sender: WeightSender, trainer: am.ActorMesh[Trainer],
+) -> None:
+    gate = Signal.options(name=HOLD_GATE).remote()  # type: ignore[attr-defined]
+    try:
+        pool.mesh[0].run_in_actors(arm_receive, "hold").get(timeout=60)
+        first = trainer.methods.send.choose(rigged(0.5))
+        waiters(gate, 1)  # the first send is under way: engine 0 holds its receive
+        with pytest.raises(RuntimeError, match="another send .* is under way"):
+            sender.send(rigged(0.25))
+    finally:
+        ray.get(gate.send.remote(), timeout=60)
+    version = first.get(timeout=120)
+    assert served_by_each(pool) == [(reference(PROMPT, 6, rigged(0.5))[0], [version] * 6)] * 2
+    ray.kill(gate)
+
+
+def test_a_send_that_times_out_is_undone_and_nothing_hangs(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer],
+) -> None:
+    served = pool.weight_version
+    gate = Signal.options(name=HOLD_GATE).remote()  # type: ignore[attr-defined]
+    try:
+        pool.mesh[0].run_in_actors(arm_receive, "hold").get(timeout=60)
+        with pytest.raises(WeightUpdateError, match="engine 0 timed out"):
+            trainer.methods.send.choose(rigged(0.5), None, 2).get(timeout=120)
+    finally:
+        ray.get(gate.send.remote(), timeout=60)
+    assert pool.weight_version == served
+    wait_until(lambda: all(pool.mesh.load().alive), timeout=120)
+    assert served_by_each(pool) == [(reference(PROMPT, 6)[0], [served] * 6)] * 2
+    ray.kill(gate)
+
+
+def test_a_restarted_engine_is_restored_with_the_sent_weights(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer],
+) -> None:
+    weights = rigged(0.5)
+    version = trainer.methods.send.choose(weights).get(timeout=120)
+    ray.kill(pool.mesh.actors[1], no_restart=False)
+    wait_until(lambda: not pool.mesh.load().alive[1])
+    wait_until(lambda: all(pool.mesh.load().alive), timeout=120)
+    want = reference(PROMPT, 6, weights)[0]
+    assert served_by_each(pool) == [(want, [version] * 6)] * 2
+    # The next send forms the group again, with the new process.
+    assert trainer.methods.send.choose(rigged(0.25)).get(timeout=120) == pool.weight_version
+
+
+def test_a_version_is_committed_once_every_engine_serves_it_whatever_fails_after(
+    pool: EnginePool,
+) -> None:
+    """r21: every engine loaded, then resuming one failed: the version stays committed (and
+    reported), and is never given to other weights."""
+    pool.mesh[1].run_in_actors(fail_next_resume).get(timeout=60)
+    before = pool.weight_version
+    with pytest.raises(am.ActorError, match="could not resume"):
+        pool.update_weights({"lm_head.weight": rigged(0.5)["lm_head.weight"]}).get(timeout=60)
+    assert pool.weight_version > before
+    report = pool.stats()["weight_update"]
+    assert report is not None and report.committed and report.version == pool.weight_version
+    with pytest.raises(ValueError, match=f"version={pool.weight_version}"):
+        pool.update_weights({"lm_head.weight": CHECKPOINT["lm_head.weight"]},
+                            version=pool.weight_version).get(timeout=60)
+    pool.resume().get(timeout=60)
+
+
+def test_an_object_ref_update_is_read_and_packed_off_the_driver(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def on_the_driver(*args: Any) -> Any:
+        raise AssertionError("the driver packed the weights of an ObjectRef update")
+
+    monkeypatch.setattr(weights_mod, "pack", on_the_driver)
+    weights = rigged(0.5)
+    [made_elsewhere] = trainer.run_in_actors(lambda _: [ray.put(weights)]).get(timeout=60)[0]
+    assert isinstance(made_elsewhere, ray.ObjectRef)
+    version = pool.update_weights(made_elsewhere).get(timeout=120)
+    assert served_by_each(pool) == [(reference(PROMPT, 6, weights)[0], [version] * 6)] * 2
+    with pytest.raises(ValueError, match="lm_head.wieght"):
+        pool.update_weights(ray.put({"lm_head.wieght": weights["lm_head.weight"]})).get(timeout=60)
+
+
+def test_a_send_without_a_live_engine_is_refused() -> None:
+    with EnginePool("fake", 1, engine_cls=FakeEngine, num_cpus=0.25) as lonely:
+        lonely.wait_ready(timeout=120)
+        sender = lonely.weight_sender()
+        ray.kill(lonely.mesh.actors[0], no_restart=True)
+        wait_until(lambda: not lonely.mesh.load().alive[0])
+        with pytest.raises(am.MeshError, match="no live engine"):
+            sender.send(rigged(0.5), timeout=10)
