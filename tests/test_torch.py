@@ -182,12 +182,15 @@ def test_nccl_is_chosen_for_actors_with_gpus_only_when_the_cluster_has_them(
         TorchMesh(TorchWorker, 2, num_gpus=1)  # backend=None: nccl, as the actors want GPUs
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL refuses two ranks "
+                    "on one GPU: 'invalid usage', an ActorError naming the rank)")
 def test_actors_with_gpus_form_an_nccl_world() -> None:
     with TorchMesh(TorchWorker, 2, num_gpus=1, num_cpus=0.5) as gpu_mesh:
         gpu_mesh.wait_ready(timeout=180)
         assert gpu_mesh.backend == "nccl"
-        assert list(gpu_mesh.methods.world_sum.all(1.0).get(timeout=60)) == [3.0, 3.0]
+        # CPU and CUDA tensors, on the world's group and on a dim group (reduced over both)
+        assert list(gpu_mesh.methods.world_sums_on_both_devices.all(1.0).get(timeout=60)) == [
+            (6.0, 6.0), (6.0, 6.0)]
 
 
 # -- restarts and deaths ------------------------------------------------------------------------

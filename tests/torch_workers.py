@@ -65,6 +65,17 @@ class TorchWorker(LinkMember):
         return float(tensor.item())
 
     @am.method
+    def world_sums_on_both_devices(self, value: float) -> tuple[float, float]:
+        """`world_sum` of a CPU tensor and of a CUDA tensor (an nccl world takes both)."""
+        sums = []
+        for device in ("cpu", "cuda"):
+            tensor = torch.tensor([value * (dist.get_rank() + 1)], device=device)
+            dist.all_reduce(tensor, group=process_group("rank"))
+            dist.all_reduce(tensor)
+            sums.append(float(tensor.item()))
+        return sums[0], sums[1]
+
+    @am.method
     def dim_sum(self, dim: str) -> tuple[float, list[int]]:
         """The sum of the world ranks in this actor's group along `dim`, and that group's ranks."""
         group = process_group(dim)

@@ -14,6 +14,10 @@
    re-exports without declaring it; rank 0's store binds port 0, so the kernel picks a port no
    socket uses, and is published only once bound.
 
+4. Device backends: a group made with `"nccl"` alone refuses CPU tensors ("No backend type
+   associated with device type cpu"); `device_backends` gives nccl worlds, dim groups and links
+   gloo for their CPU tensors, as `init_process_group("cpu:gloo,cuda:nccl")` does.
+
 Everything here runs inside an actor, and is checked against the pinned torch by the tests.
 """
 
@@ -25,6 +29,12 @@ from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import ProcessGroup, Store, TCPStore
+
+
+def device_backends(backend: str) -> str:
+    """The backend string a group is made with: nccl for CUDA tensors and gloo for CPU tensors
+    when `backend` is nccl, else `backend`."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
 def master_store(host: str, timeout_s: float) -> TCPStore:
@@ -53,7 +63,7 @@ def link_group(name: str, rank: int, size: int, backend: str, store: Store,
     from torch.distributed import distributed_c10d as c10d
 
     made, _ = c10d._new_process_group_helper(
-        size, rank, [], backend, store, group_name=cast("c10d.GroupName", name),
+        size, rank, [], device_backends(backend), store, group_name=cast("c10d.GroupName", name),
         timeout=datetime.timedelta(seconds=timeout_s), group_desc=f"actormesh link {name}",
     )
     group = cast("ProcessGroup", made)  # not NON_GROUP_MEMBER: every caller is a member

@@ -44,7 +44,8 @@ class TorchMesh(am.ActorMesh[T]):
     group of each dim.
 
     - `backend`: `"gloo"` or `"nccl"`; None picks nccl when the actors ask for GPUs
-      (`num_gpus`, or GPU bundles in `placement`), else gloo.
+      (`num_gpus`, or GPU bundles in `placement`), else gloo. An nccl world, its dim groups and
+      its links take CPU tensors too, through gloo (`"cpu:gloo,cuda:nccl"`).
     - `timeout_s`: collectives (and forming the groups) fail after this long; gloo's own default
       is 30 minutes.
     - `join_timeout_s`: how long an actor waits for the others to arrive (start-up, restarts).

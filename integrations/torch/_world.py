@@ -171,13 +171,14 @@ def _enter(setup: WorldSetup, assignment: Assignment, store: Store | None) -> No
     if store is None:
         store = _c10d.client_store(assignment.master_addr, assignment.master_port,
                                    setup.timeout_s)
-    dist.init_process_group(setup.backend, store=store, rank=assignment.rank,
+    backends = _c10d.device_backends(setup.backend)  # an nccl world takes CPU tensors too
+    dist.init_process_group(backends, store=store, rank=assignment.rank,
                             world_size=assignment.world_size, timeout=timeout)
     shape = am.current_rank().shape
     dims: dict[str, ProcessGroup] = {}
     for dim in shape.dims:
         for ranks in dim_groups(shape, dim):
-            group = dist.new_group(ranks, timeout=timeout, backend=setup.backend)
+            group = dist.new_group(ranks, timeout=timeout, backend=backends)
             if assignment.rank in ranks:
                 dims[dim] = cast("ProcessGroup", group)
     info = _groups.TorchWorld(assignment.epoch, assignment.rank, assignment.world_size,
