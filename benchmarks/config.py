@@ -49,6 +49,11 @@ class Config:
     hedge_repeats: int = 8
     drivers_measure_s: float = 2.0
     drivers_repeats: int = 4
+    # -- calls under kills (benchmarks/scenarios/kills.py) -------------------------------------
+    kill_calls: int = 3000
+    kill_actors: int = 6
+    kill_every_s: float = 0.2  # one actor killed this often while calls are out
+    kill_repeats: int = 2  # each turn kills an actor every kill_every_s: restarts cost seconds
     # -- without Ray (benchmarks/without_ray/) ---------------------------------------------
     sim_actors: int = 4096
     sim_calls: int = 100_000
@@ -71,6 +76,7 @@ FULL = Config(
     batch_calls=2000, batch_repeats=10, tiny_calls=10_000, tiny_repeats=10, fault_measure_s=8.0,
     fault_repeats=5, skip=(), call_repeats=15, map_items=20_000, burst_calls=8000,
     sequential_calls=1000, hedge_repeats=12, drivers_measure_s=10.0, drivers_repeats=8,
+    kill_calls=20_000, kill_repeats=6,
     sim_calls=1_000_000, sim_ref_actors=256, sim_ref_calls=100_000,
     dc_sizes=(16, 64, 256, 1024, 4096), dc_decisions=1_000_000, dc_budget_s=1.0,
     theory_random=(64, 20000.0), theory_pow2=(4096, 400.0),
@@ -81,7 +87,9 @@ SMOKE = Config(
     batch_calls=20, batch_repeats=2, tiny_calls=50, tiny_repeats=2, fault_measure_s=1.0,
     fault_repeats=1, calibration_rounds=1, call_actors=2, call_repeats=2, map_items=40,
     burst_calls=40, sequential_calls=20, hedge_calls=24, hedge_repeats=2,
-    drivers_measure_s=0.5, drivers_repeats=2, sim_actors=32, sim_calls=2000, sim_ref_actors=8,
+    drivers_measure_s=0.5, drivers_repeats=2, kill_calls=200, kill_actors=3, kill_every_s=0.1,
+    kill_repeats=1,
+    sim_actors=32, sim_calls=2000, sim_ref_actors=8,
     sim_ref_calls=500, dc_sizes=(16, 64), dc_decisions=2000, dc_budget_s=0.02,
     theory_random=(8, 200.0), theory_pow2=(64, 20.0),
 )

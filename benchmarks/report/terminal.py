@@ -17,7 +17,8 @@ from benchmarks.report.text import num
 
 # The columns printed while running (report.md has them all); a header not listed is left out.
 TERMINAL = ("p50 ms", "p99 ms", "p99.9 ms", "slow", "lost", "makespan s", "range", "× bound",
-            "calls/s", "CPU µs/call", "failed", "unfinished", "rejoin s", RATIO_HEADER)
+            "calls/s", "CPU µs/call", "failed", "unfinished", "rejoin s", "sent", "returned",
+            "finished but lost", "run twice", "on killed actors", "load after", RATIO_HEADER)
 
 
 def scenario_table(scenario: Mapping[str, Any]) -> Table:

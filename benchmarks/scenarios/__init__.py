@@ -4,7 +4,8 @@
   batches, tiny calls, a killed actor; every policy of the library against the baselines;
 - `call_path`: what one driver pays per call: `map`, a burst of `choose`, one call at a time;
 - `hedged`: a batch with one slow actor, hedged calls against `ray.util.ActorPool`;
-- `drivers`: several driver processes sharing one mesh.
+- `drivers`: several driver processes sharing one mesh;
+- `kills`: thousands of small calls while an actor is killed every 200 ms.
 
 Each scenario has a `name`, a `title`, `needs_fleet` (played on the shared actors of
 `benchmarks.harness.cluster.Fleet`), `pending` (empty, or the library feature it waits for: a
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 
 from benchmarks.config import Config
 from benchmarks.harness.context import Context
-from benchmarks.scenarios import balancing, call_path, drivers, hedged
+from benchmarks.scenarios import balancing, call_path, drivers, hedged, kills
 
 
 class Scenario(Protocol):
@@ -34,4 +35,5 @@ class Scenario(Protocol):
 
 
 def build(cfg: Config) -> list[Scenario]:
-    return [*balancing.build(cfg), *call_path.build(cfg), hedged.build(cfg), drivers.build(cfg)]
+    return [*balancing.build(cfg), *call_path.build(cfg), hedged.build(cfg), drivers.build(cfg),
+            kills.build(cfg)]
