@@ -18,13 +18,13 @@ import asyncio
 import dataclasses
 import inspect
 import os
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
 from typing import Any, TypeVar, cast
 
 import ray
 from ray._private.async_compat import has_async_methods
 
-from ._method import MethodDef
+from ._method import MethodDef, definition_of
 from ._runner import (
     ASYNCIO,
     BATCH,
@@ -102,21 +102,14 @@ async def _awaited(result: Any) -> Any:
 
 def is_asyncio(cls: type[Any]) -> bool:
     """Whether Ray runs an actor of `cls` in a mesh on an event loop, several calls at once: it
-    does when any method is a coroutine function, and an `@am.method async def` is one only
-    once unwrapped, so look at what Ray will see."""
-    return has_async_methods(cast(Hashable, cls)) or any(
-        isinstance(attr, MethodDef) and inspect.iscoroutinefunction(attr.fn)
-        for _, attr in inspect.getmembers(cls)
-    )
+    does when any method is a coroutine function (`@am.method` leaves the function itself)."""
+    return bool(has_async_methods(cast(Hashable, cls)))
 
 
-def remote_class(cls: type[Any]) -> Any:
-    """The Ray actor class hosting `cls` in a mesh (see the module docstring)."""
-    namespace: dict[str, Any] = {
-        name: attr.fn
-        for name, attr in inspect.getmembers(cls)
-        if isinstance(attr, MethodDef)
-    }
+def remote_class(cls: type[Any], concurrency_groups: Mapping[str, int] | None = None) -> Any:
+    """The Ray actor class hosting `cls` in a mesh (see the module docstring), with Ray's
+    `concurrency_groups` if given (Ray takes them only when the class is made)."""
+    namespace: dict[str, Any] = {}
 
     def __init__(self: Any, identity: Identity, *args: Any, **kwargs: Any) -> None:
         _enter_mesh(identity)
@@ -157,7 +150,11 @@ def remote_class(cls: type[Any]) -> Any:
         namespace[RUN] = run
         namespace[BATCH] = batch
         namespace[STREAM] = stream
-    return ray.remote(type(cls.__name__, (cls,), namespace))
+    hosted = type(cls.__name__, (cls,), namespace)
+    if concurrency_groups:
+        with_options: Callable[..., Any] = ray.remote  # its typed overloads omit this option
+        return with_options(concurrency_groups=dict(concurrency_groups))(hosted)
+    return ray.remote(hosted)
 
 
 def with_setup(cls: type[T], setup: Callable[[Any], None]) -> type[T]:
@@ -207,8 +204,9 @@ def method_def(cls: type[Any], name: str) -> MethodDef[Any, Any] | None:
     Raises AttributeError (naming the class) when `cls` has no callable `name`.
     """
     attr = inspect.getattr_static(cls, name, None)
-    if isinstance(attr, MethodDef):
-        return attr
+    found = definition_of(attr)
+    if found is not None:
+        return found
     if name.startswith("__") or attr is None or not callable(getattr(cls, name, None)):
         raise AttributeError(f"{cls.__name__} has no method {name!r}")
     return None

@@ -1,5 +1,6 @@
 """Many futures at once, as Ray users read many refs: `am.get` and `am.wait`.
 
+Both take mesh futures and Ray ObjectRefs mixed, as one list.
 `get` waits for the futures, then reads every value still unread in ONE `ray.get` of the
 ObjectRefs of the lone calls among them (a call that rode a task with others is read from what
 its task returned, which is already here), instead of one
@@ -12,66 +13,104 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, TypeVar, overload
+from collections.abc import Collection, Sequence
+from typing import Any, TypeAlias, TypeVar, overload
 
 import ray
+from ray import ObjectRef
 from ray.exceptions import GetTimeoutError, RayError
 
 from . import _ray
 from ._calls import LONE, Task
+from ._errors import ray_failure
 from ._future import MeshFuture
 from ._result import Result
 
 R = TypeVar("R")
+W = TypeVar("W", bound="MeshFuture[Any] | ObjectRef[Any]")  # what `wait` is given, it returns
+
+
+Item: TypeAlias = "MeshFuture[Any] | ObjectRef[Any]"
+"""What `am.get` and `am.wait` take: mesh futures and Ray ObjectRefs, mixed."""
 
 
 @overload
 def get(futures: MeshFuture[R], timeout: float | None = None) -> R: ...
 @overload
+def get(futures: ObjectRef[R], timeout: float | None = None) -> R: ...
+@overload
 def get(futures: Sequence[MeshFuture[R]], timeout: float | None = None) -> list[R]: ...
 @overload
-def get(futures: Sequence[MeshFuture[Any]], timeout: float | None = None) -> list[Any]: ...
-def get(futures: MeshFuture[Any] | Sequence[MeshFuture[Any]],
-        timeout: float | None = None) -> Any:
-    """The values of `futures` in order (of one future: its value), waiting for all of them
-    once. The first error in order is raised (a future made with `return_exceptions=True`
-    returns its error as its value); `TimeoutError` if they are not all done within `timeout`
+def get(futures: Sequence[Item], timeout: float | None = None) -> list[Any]: ...
+def get(futures: Item | Sequence[Item], timeout: float | None = None) -> Any:
+    """The values of `futures` (mesh futures and Ray ObjectRefs, mixed) in order (of one: its
+    value), waiting for all of them once. The first error in order is raised (a future made
+    with `return_exceptions=True` returns its error as its value; an ObjectRef's error is
+    Ray's, as `ray.get` raises it); `TimeoutError` if they are not all done within `timeout`
     seconds (the calls go on)."""
     check_timeout(timeout)
-    if isinstance(futures, MeshFuture):
-        return futures.get(timeout)
-    found = _futures(futures, "get")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    if not _read_together(found, deadline):
-        pending = sum(not f.done() for f in found)
-        raise TimeoutError(f"am.get: {pending} of {len(found)} futures not done within "
-                           f"timeout={timeout} s")
-    return [f.get(_left(deadline)) for f in found]
+    try:
+        if isinstance(futures, MeshFuture):
+            return futures.get(timeout)
+        if isinstance(futures, ObjectRef):
+            return _ray.get(futures, timeout)
+        found = _items(futures, "get")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        refs = list(dict.fromkeys(x for x in found if isinstance(x, ObjectRef)))
+        mesh_futures = [x for x in found if isinstance(x, MeshFuture)]
+        if refs and len(_ray.wait(refs, len(refs), _left(deadline))[0]) < len(refs) \
+                or not _read_together(mesh_futures, deadline):
+            pending = sum(not _done(x, refs) for x in found)
+            raise TimeoutError(f"am.get: {pending} of {len(found)} futures not done within "
+                               f"timeout={timeout} s")
+        values = _read_refs(refs)
+        return [values[x] if isinstance(x, ObjectRef) and values is not None
+                else _ray.get(x) if isinstance(x, ObjectRef)
+                else x.get(_left(deadline)) for x in found]
+    except SystemExit as err:  # Ray's, in a thread that waited while ray.shutdown() ran
+        raise ray_failure("am.get", err) from err
 
 
-def wait(futures: Sequence[MeshFuture[R]], num_returns: int = 1,
-         timeout: float | None = None) -> tuple[list[MeshFuture[R]], list[MeshFuture[R]]]:
-    """`(done, pending)` as `ray.wait` returns them: once `num_returns` of `futures` are done,
-    or `timeout` seconds have passed, the first `num_returns` done futures in the order given,
-    and the others in the order given."""
+def wait(futures: Sequence[W], num_returns: int = 1,
+         timeout: float | None = None) -> tuple[list[W], list[W]]:
+    """`(done, pending)` as `ray.wait` returns them, over mesh futures and Ray ObjectRefs mixed:
+    once `num_returns` of `futures` are done, or `timeout` seconds have passed, the first
+    `num_returns` done ones in the order given, and the others in the order given."""
     check_timeout(timeout)
-    found = _futures(futures, "wait")
+    found = _items(futures, "wait")
     if not found:
         return [], []
-    if len({id(f) for f in found}) != len(found):
-        raise ValueError("am.wait: every future must be given once")
+    refs = [x for x in found if isinstance(x, ObjectRef)]
+    if len({id(x) for x in found}) != len(found) or len(set(refs)) != len(refs):
+        raise ValueError("am.wait: every future must be given once (every ObjectRef too)")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int) \
             or not 1 <= num_returns <= len(found):
         raise ValueError(f"num_returns={num_returns!r}: must be an int from 1 to the number of "
                          f"futures ({len(found)})")
-    if sum(f.done() for f in found) < num_returns and timeout != 0:
-        _Waiter(found, num_returns).wait(timeout)
-    done: list[MeshFuture[R]] = []
-    pending: list[MeshFuture[R]] = []
-    for future in found:
-        (done if len(done) < num_returns and future.done() else pending).append(future)
+    ready = set(_ray.wait(refs, len(refs), 0)[0]) if refs else set()
+    if sum(_done(x, ready) for x in found) < num_returns and timeout != 0:
+        _Waiter(found, ready, num_returns).wait(timeout)
+        ready = set(_ray.wait(refs, len(refs), 0)[0]) if refs else set()
+    done: list[W] = []
+    pending: list[W] = []
+    for item in futures:
+        (done if len(done) < num_returns and _done(item, ready) else pending).append(item)
     return done, pending
+
+
+def _done(item: Item, ready: Collection[ObjectRef[Any]]) -> bool:
+    return item in ready if isinstance(item, ObjectRef) else item.done()
+
+
+def _read_refs(refs: list[ObjectRef[Any]]) -> dict[ObjectRef[Any], Any] | None:
+    """The values of these ObjectRefs (all ready) in one read; None if one of them holds an
+    error (each is then read, and raises, in its turn)."""
+    if not refs:
+        return {}
+    try:
+        return dict(zip(refs, _ray.get(refs)))
+    except RayError:
+        return None
 
 
 def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bool:
@@ -112,18 +151,23 @@ def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bo
 
 
 class _Waiter:
-    """Sleeps until `needed` of some futures are done: each future's completion counts once, on
-    the thread that completes it (O(1)), and the waiter stops listening when it returns."""
+    """Sleeps until `needed` of some futures and ObjectRefs are done: each one's completion
+    counts once, on the thread that completes it (O(1)), and the waiter stops listening to the
+    futures when it returns."""
 
-    def __init__(self, futures: list[MeshFuture[Any]], needed: int) -> None:
+    def __init__(self, items: list[Item], ready: Collection[ObjectRef[Any]],
+                 needed: int) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._done = sum(f.done() for f in futures)
+        self._done = sum(_done(x, ready) for x in items)
         self._needed = needed
-        self._results = [f._future for f in futures if not f.done()]
+        self._results = [x._future for x in items if isinstance(x, MeshFuture) and not x.done()]
+        self._refs = [x for x in items if isinstance(x, ObjectRef) and x not in ready]
 
     def wait(self, timeout: float | None) -> None:
         for result in self._results:
             _watch(result, self)
+        for ref in self._refs:
+            _ray.on_ready(ref, self.one_done)
         try:
             with self._cond:
                 self._cond.wait_for(lambda: self._done >= self._needed, timeout)
@@ -131,7 +175,7 @@ class _Waiter:
             for result in self._results:
                 _unwatch(result, self)
 
-    def one_done(self) -> None:
+    def one_done(self, *_: object) -> None:
         with self._cond:
             self._done += 1
             if self._done >= self._needed:
@@ -169,13 +213,15 @@ def _settled(result: Result[Any]) -> None:
         waiter.one_done()
 
 
-def _futures(futures: Any, verb: str) -> list[MeshFuture[Any]]:
+def _items(futures: Any, verb: str) -> list[Item]:
     if isinstance(futures, (str, bytes)) or not isinstance(futures, Sequence):
-        raise TypeError(f"am.{verb} takes a list of am.MeshFuture, got {futures!r}")
+        raise TypeError(f"am.{verb} takes a list of am.MeshFuture and ray.ObjectRef, "
+                        f"got {futures!r}")
     found = list(futures)
     for future in found:
-        if not isinstance(future, MeshFuture):
-            raise TypeError(f"am.{verb} takes am.MeshFuture objects, got {future!r}")
+        if not isinstance(future, (MeshFuture, ObjectRef)):
+            raise TypeError(f"am.{verb} takes am.MeshFuture and ray.ObjectRef objects, got "
+                            f"{future!r}")
     return found
 
 

@@ -241,7 +241,7 @@ class Task:
                 value, call_error = _runner.unpack(packed)
                 if call_error is None:
                     return value
-        raise from_ray(self.router.points[self.actor], method, call_error) from None
+        raise from_ray(self.router.points[self.actor], method, call_error)  # its cause kept
 
     def own_ref(self, index: int) -> ray.ObjectRef[Any]:
         """An ObjectRef of call `index`'s own value: the Ray call's, or one put for it (once)."""
@@ -325,7 +325,7 @@ def read_sent(call: Call, timeout: float | None) -> Any:
     if not _ray.connected():
         return NOT_READ
     try:
-        value = ray.get(ref, timeout=timeout)
+        value = _ray.get(ref, timeout)  # Ray shutting down meanwhile: a MeshError, raised
     except RayError:  # GetTimeoutError included
         return NOT_READ
     call.router.read_ended(task, timed=not late)

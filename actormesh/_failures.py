@@ -51,6 +51,7 @@ from ._liveness import (
     TimerFired,
     transition,
 )
+from ._metrics import MeshMetrics
 
 log = logging.getLogger("actormesh")
 
@@ -81,6 +82,8 @@ class Failures:
         # Runs (on the mesh's hook lane) when an actor is back, before `choose` uses it again.
         self.on_restart: Callable[[int], object] | None = None
         self.on_restart_timeout_s = ON_RESTART_TIMEOUT_S
+        self.label = "mesh"  # the mesh's name, for the log (set by the mesh)
+        self.metrics: MeshMetrics | None = None  # where deaths and restarts are counted
         self._send_drained = send_drained
         self._fail = fail
         count = len(self._names)
@@ -115,8 +118,10 @@ class Failures:
         thread)."""
         if self._closed:
             return
-        life, effects = transition(self._lives[actor], event, timer=self._next_timer)
+        before = self._lives[actor]
+        life, effects = transition(before, event, timer=self._next_timer)
         self._lives[actor] = life
+        self._report(actor, before, life)
         self.epochs[actor] = life.epoch
         for effect in effects:
             self._apply(actor, effect)
@@ -153,6 +158,28 @@ class Failures:
             if orphans:
                 self._fail(orphans, NoLiveActorsError(
                     f"no live actor left to take the call ({self._names[actor]} {route.why})"))
+
+    def _report(self, actor: int, before: Life, after: Life) -> None:
+        """Log (WARNING) and count in the mesh's metrics what Ray said became of the actor:
+        it died, came back after a restart, or will not come back."""
+        name = f"{self.label}: {self._names[actor]}"
+        if before.seen == "alive" and after.seen != "alive":
+            self._count("died")
+            if after.seen == "restarting":
+                log.warning("actormesh: %s died; Ray is restarting it", name)
+        if after.status is Status.DEAD and before.status is not Status.DEAD:
+            log.warning("actormesh: %s died and will not be restarted (max_restarts reached, or "
+                        "killed for good)", name)
+        elif after.status is Status.GONE and before.status is not Status.GONE:
+            log.warning("actormesh: %s did not come back within restart_timeout_s=%s s; its "
+                        "calls failed", name, self._restart_timeout_s)
+        elif after.status is Status.ALIVE and after.routed > before.routed:
+            self._count("restarted")
+            log.warning("actormesh: %s is back after a restart (restart %d)", name, after.routed)
+
+    def _count(self, event: str) -> None:
+        if self.metrics is not None:
+            self.metrics.actor_event(event)
 
     def _stop_timer(self, actor: int) -> None:
         timer, self._timers[actor] = self._timers[actor], None

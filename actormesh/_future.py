@@ -182,6 +182,12 @@ class MeshFuture(Generic[R]):
             raise ValueError(f"{self._label} has {len(refs)} ObjectRefs; use .refs")
         return refs[0]
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"a MeshFuture ({self._label}) cannot be pickled (into a Ray task or actor): it "
+            "lives in this driver's scheduler. Pass its ObjectRef instead (future.ref, or "
+            "future.refs for a call of several actors), or its value (future.get())")
+
     @overload
     def as_completed(
         self: MeshFuture[ValueMesh[V]], timeout: float | None = None

@@ -11,16 +11,19 @@ from typing import Any, Concatenate, Generic, TypeVar, cast, overload
 
 import ray
 from ray.actor import ActorHandle
+from ray.exceptions import RayError
 from typing_extensions import ParamSpec, Self
 
 from . import _drivers, _loop, _named, _native, _ray
 from ._actor import RUN, Identity, check_init_args, is_asyncio, method_def, remote_class
 from ._balancer import DEFAULT_BALANCER, DEFAULT_COALESCE, ActorLoad, BalancerSpec, make_scheduler
 from ._calls import Router
+from ._errors import MeshError, from_ray
 from ._failures import ON_RESTART_TIMEOUT_S, ActorStates
 from ._future import MeshFuture, ValueMesh
-from ._method import CallOptions, MeshMethod, Target, check_timeout
-from ._placement import Placed, Placement
+from ._method import Arguments, CallOptions, MeshMethod, Target, check_timeout
+from ._metrics import MeshMetrics
+from ._placement import Placed, Placement, shortfall
 from ._ray import actor_id
 from ._shape import IndexKey, Point, Selectable, Selection, Shape, ShapeLike
 
@@ -56,6 +59,8 @@ class _Root:
     label: str
     run_method: str  # what `run_in_actors` calls
     record: _named.Record | None = None  # of a mesh joined with `connect`: its methods
+    lacking: str = ""  # what no node of the cluster can give one actor, if anything
+    metrics: MeshMetrics = dataclasses.field(init=False)
     cleanup: weakref.finalize[..., _Root] = dataclasses.field(init=False)
 
 
@@ -88,6 +93,7 @@ class ActorMesh(Selectable, Generic[T]):
         name: str | None = None,
         on_restart: Callable[[ActorMesh[T]], object] | None = None,
         on_restart_timeout_s: float = ON_RESTART_TIMEOUT_S,
+        ray_actor_options: Mapping[str, Any] | None = None,
     ) -> None:
         """Validate everything, then start one actor per point of `shape`.
 
@@ -103,6 +109,11 @@ class ActorMesh(Selectable, Generic[T]):
         With `name`, the actors are Ray named actors `name.0`, `name.1`, ... and the mesh can
         be joined from other drivers of this Ray namespace (`ActorMesh.connect(name)`); the
         drivers' balancers then see each other's calls.
+
+        `ray_actor_options` go to Ray's `.options()` of every actor as they are
+        (`scheduling_strategy`, `max_concurrency`, `concurrency_groups`, `lifetime`, ...), except
+        what the mesh sets itself, which is refused naming the parameter to use instead. Ray
+        must be running (`ray.init()`): the mesh never starts a cluster itself.
         """
         if not isinstance(actor_cls, type):
             raise TypeError(f"ActorMesh needs a class, got {actor_cls!r}")
@@ -125,21 +136,34 @@ class ActorMesh(Selectable, Generic[T]):
                 )
         user_kwargs = dict(kwargs or {})
         check_init_args(actor_cls, tuple(args), user_kwargs)
+        passed = _passthrough(ray_actor_options, placement)
         scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
-                                   concurrent=is_asyncio(actor_cls))
+                                   concurrent=is_asyncio(actor_cls) or _runs_calls_at_once(passed))
         label = name or actor_cls.__name__
-
-        if not ray.is_initialized():
-            ray.init()  # as Ray does on a first call, honouring RAY_ADDRESS
-        ActorStates.get().start()  # before any actor exists, so no state change is missed
-        placed = Placed(placement) if placement is not None else None
         options: dict[str, Any] = {"max_restarts": max_restarts}
         for key, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus),
                            ("resources", resources), ("memory", memory),
                            ("runtime_env", runtime_env)):
             if value is not None:
                 options[key] = dict(value) if isinstance(value, Mapping) else value
-        remote_cls = remote_class(actor_cls)
+        groups = passed.pop("concurrency_groups", None)
+        options.update(passed)
+        remote_cls = remote_class(actor_cls, groups)
+        try:
+            remote_cls.options(**options)  # Ray checks every option's name and value here
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"ActorMesh({actor_cls.__name__}): Ray refuses the actor options "
+                             f"{options}: {err}") from None
+
+        _ray.require_driver(f"ActorMesh({actor_cls.__name__})")
+        if name is not None:
+            _check_name_free(name)
+        lacking = "" if placement is not None else shortfall(options)
+        if lacking:
+            log.warning("actormesh: the %d actors of mesh %s will wait: %s", full.size, label,
+                        lacking)
+        ActorStates.get().start()  # before any actor exists, so no state change is missed
+        placed = Placed(placement) if placement is not None else None
         handles: list[Any] = []
         publication: _named.Publication | None = None
         shared: _drivers.Shared | None = None
@@ -164,7 +188,8 @@ class ActorMesh(Selectable, Generic[T]):
             raise
 
         router = _router(handles, full, scheduler, restart_timeout_s)
-        self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full, router, label, RUN),
+        self._assemble(_Root(actor_cls, actor_cls.__name__, frozenset(), full, router, label, RUN,
+                             lacking=lacking),
                        handles, placed, on_restart, owned=True, publication=publication,
                        shared=shared)
         self._root.router.failures.on_restart_timeout_s = on_restart_timeout_s
@@ -191,6 +216,7 @@ class ActorMesh(Selectable, Generic[T]):
         handles = list(handles)
         if not handles:
             raise ValueError("from_actors needs at least one actor handle, got none")
+        _ray.require_driver("ActorMesh.from_actors")
         for handle in handles:
             if not isinstance(handle, ActorHandle):
                 raise TypeError(f"from_actors takes Ray actor handles, got {handle!r}")
@@ -252,8 +278,7 @@ class ActorMesh(Selectable, Generic[T]):
         if actor_cls is not None and not isinstance(actor_cls, type):
             raise TypeError(f"connect({name!r}, {actor_cls!r}): the second argument must be "
                             "the mesh's actor class")
-        if not ray.is_initialized():
-            ray.init()  # as Ray does on a first call, honouring RAY_ADDRESS
+        _ray.require_driver(f"ActorMesh.connect({name!r})")
         record, handles = _named.find(name)
         if actor_cls is not None:
             _named.check_class(record, actor_cls)
@@ -278,8 +303,11 @@ class ActorMesh(Selectable, Generic[T]):
                   shared: _drivers.Shared | None = None) -> None:
         """Make this the whole mesh over `root`: follow the actors' states, and clean up when
         the last view of it goes."""
+        root.metrics = MeshMetrics(root.label, root.router.scheduler)
+        root.router.failures.label = root.label
+        root.router.failures.metrics = root.metrics
         root.cleanup = weakref.finalize(root, _release, root.router, handles if owned else [],
-                                        placed, root.label, publication, shared)
+                                        placed, root.label, publication, shared, root.metrics)
         root.cleanup.atexit = False  # at exit Ray itself kills the actors
         if on_restart is not None:
             # Held weakly: the router (alive while calls are) must not keep a dropped mesh alive.
@@ -357,8 +385,21 @@ class ActorMesh(Selectable, Generic[T]):
                                    others=others))
         return Loads(loads)
 
+    def stats(self) -> dict[str, Any]:
+        """The mesh's figures now, as its metrics export them (`actormesh_*`): calls per
+        method and outcome, call durations and calls per Ray task per method, calls in flight
+        and queued, and actor events (died, restarted, ejected, readmitted). A view reports its
+        whole mesh."""
+        return self._root.metrics.stats()
+
     def __repr__(self) -> str:
         return f"ActorMesh({self._root.label}, {self._target.shape})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"{self!r} cannot be pickled (into a Ray task or actor): it holds this driver's "
+            "scheduler. Pass the actor handles (mesh.actors) instead, or create the mesh with "
+            f"name=... and join it there with am.ActorMesh.connect(name)")
 
     @overload
     def run_in_actors(
@@ -388,11 +429,18 @@ class ActorMesh(Selectable, Generic[T]):
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until every actor of this view has finished `__init__` (raises if one failed)."""
         check_timeout("timeout", timeout)
+        _ray.require_driver(f"{self!r}.wait_ready")
         refs = [h.__ray_ready__.remote() for h in self.actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if len(ready) < len(refs):
-            raise TimeoutError(f"{self!r}: {len(refs) - len(ready)} actors not ready after {timeout} s")
-        ray.get(refs)
+            lacking = self._root.lacking
+            raise TimeoutError(f"{self!r}: {len(refs) - len(ready)} actors not ready after "
+                               f"{timeout} s" + (f": {lacking}" if lacking else ""))
+        for point, ref in zip(self.points, refs):
+            try:
+                _ray.get(ref)
+            except RayError as err:
+                raise from_ray(point, "wait_ready", err) from None
 
     def shutdown(self) -> None:
         """Kill every actor of the mesh (views share them) and release its placement group;
@@ -425,14 +473,16 @@ def _run_restart_hook(root_ref: weakref.ref[_Root], hook: Callable[[ActorMesh[An
 
 
 def _release(router: Router, handles: list[Any], placed: Placed | None, label: str,
-             publication: _named.Publication | None, shared: _drivers.Shared | None) -> None:
+             publication: _named.Publication | None, shared: _drivers.Shared | None,
+             metrics: MeshMetrics) -> None:
     """A mesh was garbage-collected without `shutdown()`: shut it down on the loop thread
     (collection happens on any thread, Ray's completion thread included)."""
-    _loop.post(_shut, router, handles, placed, label, publication, shared)
+    _loop.post(_shut, router, handles, placed, label, publication, shared, metrics)
 
 
 def _shut(router: Router, handles: list[Any], placed: Placed | None, label: str,
-          publication: _named.Publication | None, shared: _drivers.Shared | None) -> None:
+          publication: _named.Publication | None, shared: _drivers.Shared | None,
+          metrics: MeshMetrics) -> None:
     """Close the router and stop sharing its load, then (a mesh this driver created) kill the
     actors; a named mesh is marked closing before its actors go and unpublished after. After
     `ray.shutdown()` only this process's side is undone: the actors, their placement group and
@@ -450,6 +500,58 @@ def _shut(router: Router, handles: list[Any], placed: Placed | None, label: str,
             placed.release()
     if publication is not None:
         _quietly(label, "unpublishing the mesh", publication.withdraw)
+    metrics.close()
+
+
+# Ray options the mesh sets itself, and what to use instead.
+_OWNED_OPTIONS = {
+    "num_cpus": "ActorMesh(num_cpus=...)", "num_gpus": "ActorMesh(num_gpus=...)",
+    "resources": "ActorMesh(resources=...)", "memory": "ActorMesh(memory=...)",
+    "runtime_env": "ActorMesh(runtime_env=...)", "max_restarts": "ActorMesh(max_restarts=...)",
+    "name": "ActorMesh(name=...), which names the actors name.0, name.1, ...",
+    "get_if_exists": "ActorMesh.connect(name) to join an existing mesh",
+    "max_task_retries": ".options(retries=n) on the method: Ray would replay a whole batch of "
+                        "calls",
+    "placement_group": "placement=am.Placement(placement_group=pg)",
+    "placement_group_bundle_index": "placement=am.Placement(...), which gives each rank a bundle",
+    "placement_group_capture_child_tasks": "placement=am.Placement(...)",
+}
+
+
+def _passthrough(options: Mapping[str, Any] | None, placement: Placement | None) -> dict[str, Any]:
+    """`ray_actor_options`, checked: a mapping, without what the mesh sets itself."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(f"ray_actor_options={options!r}: must be a mapping of Ray actor options")
+    for key in options:
+        if key in _OWNED_OPTIONS:
+            raise ValueError(f"ray_actor_options={{{key!r}: ...}}: the mesh sets {key} itself; "
+                             f"use {_OWNED_OPTIONS[key]}")
+    if placement is not None and "scheduling_strategy" in options:
+        raise ValueError("ray_actor_options={'scheduling_strategy': ...} with placement=: the "
+                         "placement gives each actor its bundle; pass one or the other")
+    return dict(options)
+
+
+def _runs_calls_at_once(options: Mapping[str, Any]) -> bool:
+    """Whether these options make the actors run several calls at once (threads)."""
+    concurrency = options.get("max_concurrency")
+    return bool(options.get("concurrency_groups")) or (
+        isinstance(concurrency, int) and concurrency > 1)
+
+
+def _check_name_free(name: str) -> None:
+    """MeshError naming `name` if actors of a mesh of that name exist in this namespace."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name={name!r}: must be a non-empty str")
+    try:
+        ray.get_actor(_named.actor_name(name, 0))
+    except ValueError:
+        return
+    raise MeshError(f"name={name!r} is taken: Ray namespace {_ray.namespace()!r} has a mesh (or "
+                    f"an actor {_named.actor_name(name, 0)!r}) of that name already. Join it "
+                    f"with am.ActorMesh.connect({name!r}), or pick another name")
 
 
 def _quietly(label: str, what: str, fn: Callable[..., object], *args: Any, **kwargs: Any) -> None:
@@ -471,10 +573,12 @@ class _Methods:
         if cached is None:
             root = self._mesh._root
             alone = False
+            arguments = None
             if root.cls is not None:
                 definition = method_def(root.cls, name)
                 dispatch = definition.dispatch if definition else None
                 alone = definition is not None and not definition.coalesce
+                arguments = Arguments.of(root.cls, name)
             elif root.record is not None:
                 dispatch, alone = root.record.method(name)
             elif name in root.method_names and not name.startswith("__"):
@@ -483,7 +587,7 @@ class _Methods:
                 raise AttributeError(f"{root.class_name} has no method {name!r}")
             options = CallOptions(dispatch=dispatch)
             cached = self._cache[name] = MeshMethod(self._mesh._target, name, options,
-                                                    alone=alone)
+                                                    alone=alone, arguments=arguments)
         return cached
 
     def __dir__(self) -> list[str]:

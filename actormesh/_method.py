@@ -13,14 +13,12 @@ or view gives them (its shape, the actor behind each position, its scheduler gro
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 import time
-import types
 import weakref
 from collections.abc import Callable, Coroutine, Hashable, Iterable, Sequence
-from typing import Any, Concatenate, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Protocol, TypeVar, cast, overload
 
 import ray
 from typing_extensions import ParamSpec, Self
@@ -123,10 +121,11 @@ class MeshMethod(Generic[P, R_co]):
     """One method of the mesh's actor class, bound to a mesh: the verbs `all`, `choose`, `shard`."""
 
     __slots__ = ("_target", "_name", "_options", "_choose_label", "_alone", "_method_id",
-                 "_rides", "_hedge")
+                 "_rides", "_hedge", "_arguments")
 
     def __init__(self, target: Target, name: str, options: CallOptions, *,
-                 alone: bool = False) -> None:
+                 alone: bool = False, arguments: Arguments | None = None) -> None:
+        self._arguments = arguments  # the method's parameters, when the mesh knows its class
         self._target = target
         self._name = name
         self._options = options
@@ -144,6 +143,8 @@ class MeshMethod(Generic[P, R_co]):
     def all(self, *args: P.args, **kwargs: P.kwargs) -> MeshFuture[ValueMesh[R_co]]:
         """Call every actor of the mesh with the same arguments."""
         self._refuse_hedge("all")
+        if self._arguments is not None:
+            self._arguments.check(args, kwargs)
         shape = self._target.shape
         every = {position: (args, kwargs) for position in range(shape.size)}
         return self._send_each("all", every, lambda values: ValueMesh(shape, values),
@@ -152,6 +153,8 @@ class MeshMethod(Generic[P, R_co]):
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> MeshFuture[R_co]:
         """Call one actor, picked by the mesh's balancer."""
         target, options = self._target, self._options
+        if self._arguments is not None:
+            self._arguments.check(args, kwargs)
         router = target.router
         if router.closed:
             router.check_open(self._name)
@@ -265,7 +268,7 @@ class MeshMethod(Generic[P, R_co]):
         }
         changes = {k: v for k, v in given.items() if v is not _UNSET}
         return type(self)(self._target, self._name, dataclasses.replace(self._options, **changes),
-                          alone=self._alone)
+                          alone=self._alone, arguments=self._arguments)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co:
         """Direct calls are for the actor itself; from outside, pick a verb."""
@@ -298,6 +301,51 @@ def _has_ref(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return bool(kwargs) and any(isinstance(v, ray.ObjectRef) for v in kwargs.values())
 
 
+class Arguments:
+    """The parameters of an actor method: a call whose arguments do not fit is refused before
+    it is sent, naming the method and the argument (`choose(y=1)` names `y`)."""
+
+    __slots__ = ("_label", "_signature", "_names", "_most", "_least")
+
+    def __init__(self, label: str, fn: Callable[..., Any]) -> None:
+        # Without `self`, annotations, and the tracing context Ray adds to actor methods.
+        params = [p.replace(annotation=p.empty)
+                  for p in list(inspect.signature(fn).parameters.values())[1:]
+                  if p.name != "_ray_trace_ctx"]
+        self._label = label
+        self._signature = inspect.Signature(params)
+        simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+        # The common call (positional arguments only, as many as fit) is checked by counting.
+        self._most = len(params) if simple else -1
+        self._least = sum(p.default is p.empty for p in params) if simple else 0
+        self._names = None if any(p.kind is p.VAR_KEYWORD for p in params) else \
+            {p.name for p in params if p.kind is not p.POSITIONAL_ONLY}
+
+    @staticmethod
+    def of(owner: type[Any], name: str) -> Arguments | None:
+        """The parameters of `owner.name`, if Python can tell them (a plain method)."""
+        attr = inspect.getattr_static(owner, name, None)
+        if isinstance(attr, (staticmethod, classmethod)) or not callable(attr):
+            return None
+        try:
+            return Arguments(f"{owner.__name__}.{name}", attr)
+        except (TypeError, ValueError):  # a builtin or C method: Ray checks its calls
+            return None
+
+    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not kwargs and self._least <= len(args) <= self._most:
+            return
+        unknown = [k for k in kwargs if self._names is not None and k not in self._names]
+        if unknown:
+            raise TypeError(f"{self._label}{self._signature} got an unexpected keyword "
+                            f"argument {unknown[0]!r}")
+        try:
+            self._signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"{self._label}{self._signature}: {err} (got {len(args)} "
+                            f"positional: {args!r}, keywords: {sorted(kwargs)})") from None
+
+
 class AsyncMeshMethod(MeshMethod[P, R_co]):
     """The `MeshMethod` of an `async def` method: inside the actor, a direct call is awaitable."""
 
@@ -310,8 +358,13 @@ class AsyncMeshMethod(MeshMethod[P, R_co]):
 
 
 class MethodDef(Generic[P, R]):
-    """What `@am.method` leaves on the class: the function, its default dispatch, and whether
-    its calls may ride a batch with others."""
+    """What `@am.method` records on the function it decorates (`definition_of` reads it): its
+    default dispatch, and whether its calls may ride a batch with others.
+
+    To the type checker the decorated attribute is this object, whose `__get__` gives
+    `mesh.methods.f` its `MeshMethod` type and a direct call inside the actor its plain
+    signature. At run time the class keeps the function itself, so that Ray sees an actor
+    method: a plain `ray.remote(Worker)` handle calls it, and the actor calls it plainly."""
 
     def __init__(self, fn: Callable[..., Any], dispatch: Dispatch | None,
                  coalesce: bool = True) -> None:
@@ -325,34 +378,31 @@ class MethodDef(Generic[P, R]):
         self.dispatch = dispatch
         self.coalesce = coalesce
         self.is_async = inspect.iscoroutinefunction(fn)
-        functools.update_wrapper(self, fn)
 
-    @overload
-    def __get__(self, instance: None, owner: type[Any]) -> Self: ...
-    @overload
-    def __get__(self, instance: object, owner: type[Any] | None = None) -> MeshMethod[P, R]: ...
-    def __get__(self, instance: object | None, owner: type[Any] | None = None) -> Any:
-        if instance is None:
-            return self
-        return types.MethodType(self.fn, instance)
+    if TYPE_CHECKING:
+        @overload
+        def __get__(self, instance: None, owner: type[Any]) -> Self: ...
+        @overload
+        def __get__(self, instance: object, owner: type[Any] | None = None
+                    ) -> MeshMethod[P, R]: ...
+        def __get__(self, instance: object | None, owner: type[Any] | None = None) -> Any: ...
 
-    def __call__(self, instance: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """`Worker.f(worker, x)`, the unbound form, still calls the function."""
-        result: R = self.fn(instance, *args, **kwargs)
-        return result
+        def __call__(self, instance: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            """`Worker.f(worker, x)`, the unbound form, calls the function."""
+            ...
 
 
 class AsyncMethodDef(MethodDef[P, R]):
     """`MethodDef` of an `async def` method."""
 
-    @overload
-    def __get__(self, instance: None, owner: type[Any]) -> Self: ...
-    @overload
-    def __get__(
-        self, instance: object, owner: type[Any] | None = None
-    ) -> AsyncMeshMethod[P, R]: ...
-    def __get__(self, instance: object | None, owner: type[Any] | None = None) -> Any:
-        return super().__get__(instance, owner)
+    if TYPE_CHECKING:
+        @overload
+        def __get__(self, instance: None, owner: type[Any]) -> Self: ...
+        @overload
+        def __get__(
+            self, instance: object, owner: type[Any] | None = None
+        ) -> AsyncMeshMethod[P, R]: ...
+        def __get__(self, instance: object | None, owner: type[Any] | None = None) -> Any: ...
 
 
 class _Decorator:
@@ -370,7 +420,17 @@ class _Decorator:
     def __call__(self, fn: Callable[Concatenate[Any, P], R], /) -> MethodDef[P, R]: ...
     def __call__(self, fn: Callable[..., Any], /) -> MethodDef[Any, Any]:
         cls = AsyncMethodDef if inspect.iscoroutinefunction(fn) else MethodDef
-        return cls(fn, self._dispatch, self._coalesce)
+        setattr(fn, _MARK, cls(fn, self._dispatch, self._coalesce))
+        return cast("MethodDef[Any, Any]", fn)  # the function stays: see MethodDef
+
+
+_MARK = "__actormesh_method__"  # the attribute of a decorated function that holds its MethodDef
+
+
+def definition_of(attr: object) -> MethodDef[Any, Any] | None:
+    """The `MethodDef` of a function decorated with `@am.method`, else None."""
+    found = getattr(attr, _MARK, None)
+    return found if isinstance(found, MethodDef) else None
 
 
 @overload

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import ray
+from ray.exceptions import RaySystemError
 
-from ._errors import MeshError
+from ._errors import MeshError, ray_failure
 
 log = logging.getLogger("actormesh")
 
@@ -117,12 +118,63 @@ def connected() -> bool:
     return bool(_worker.global_worker.connected)
 
 
+def require_driver(what: str) -> None:
+    """Raise `MeshError` saying why, unless this process is connected to a Ray cluster as a
+    driver (or a worker) of its own: never start one (as `ray.init()` in the library would),
+    and refuse Ray Client, whose process has no core worker of its own to follow actors and
+    read replies with."""
+    if client_connected():
+        raise MeshError(
+            f"{what}: Ray Client (ray.init(\"ray://...\")) is not supported: actormesh follows "
+            "its actors on the cluster's GCS and reads their replies in this process's own "
+            "core worker, which a Ray Client process does not have. Run the driver on a node "
+            "of the cluster (ray.init(address=\"auto\")) or submit it as a Ray job "
+            "(ray job submit -- python your_driver.py)")
+    if not connected():
+        raise MeshError(
+            f"{what}: Ray is not running in this process. Call ray.init() first (it starts a "
+            "local cluster, or joins the one RAY_ADDRESS names; ray.init(address=\"auto\") "
+            "joins the one running on this node): actormesh never starts a cluster itself")
+
+
+def client_connected() -> bool:
+    """Whether this process talks to a cluster through Ray Client (`ray.init("ray://...")`)."""
+    from ray.util.client import ray as client
+
+    is_connected: Callable[[], bool] = client.is_connected  # untyped in Ray
+    return bool(is_connected())
+
+
 def get(refs: Any, timeout: float | None = None) -> Any:
     """`ray.get`, refused with a `MeshError` when Ray is not running (where `ray.get` would
-    start a new cluster, in which these objects do not exist)."""
+    start a new cluster, in which these objects do not exist). Ray's failures that are not a
+    task's own error become `MeshError`s too: the `SystemExit` Ray raises in a thread that
+    waits while `ray.shutdown()` runs, and a system error such as "Core worker is shutting
+    down" read as a value."""
     if not connected():
         raise MeshError(NOT_RUNNING)
-    return ray.get(refs, timeout=timeout)
+    try:
+        return ray.get(refs, timeout=timeout)
+    except (SystemExit, RaySystemError) as err:
+        raise ray_failure("reading a value", err) from err
+
+
+def wait(refs: list[Any], num_returns: int, timeout: float | None) -> tuple[list[Any], list[Any]]:
+    """`ray.wait`, refused with a `MeshError` when Ray is not running (where it would start a
+    new cluster), and with Ray's `SystemExit` (Ray shutting down meanwhile) as a `MeshError`."""
+    if not connected():
+        raise MeshError(NOT_RUNNING)
+    try:
+        done, pending = ray.wait(refs, num_returns=num_returns, timeout=timeout)
+    except SystemExit as err:
+        raise ray_failure("waiting for ObjectRefs", err) from err
+    return done, pending
+
+
+def on_ready(ref: Any, callback: Callable[[Any], object]) -> None:
+    """Call `callback(...)` once the object behind `ref` exists (or its task failed), on Ray's
+    completion thread, without reading the value (`ObjectRef._on_ready`)."""
+    ref._on_ready(callback)
 
 
 # Actor states on the GCS channel (gcs_pb2.ActorTableData.ActorState).

@@ -1,0 +1,67 @@
+"""A mesh's metrics read back from Ray's Prometheus endpoint, in a process of its own (it needs
+a cluster started with `_metrics_export_port`, and the tests' session cluster is not). Run by
+tests/test_metrics.py; prints one JSON line: the mesh's stats() and the metric lines seen.
+
+Needs Ray's metrics agent (Ray's `default` extra, `pip install actormesh[metrics]`).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+import urllib.request
+
+import ray
+from workers import Worker
+
+import actormesh as am
+
+WANTED = ('ray_actormesh_actor_events_total{', 'event="died"', 'event="restarted"',
+          "ray_actormesh_in_flight{", "ray_actormesh_queued{")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text: str = page.read().decode()
+    return [line for line in text.splitlines() if "actormesh" in line and 'mesh="metered"' in line]
+
+
+def main() -> None:
+    port = free_port()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False, _metrics_export_port=port)
+    mesh = am.ActorMesh(Worker, shape=2, num_cpus=0.25, max_restarts=1, name="metered")
+    assert mesh.methods.f.choose(1).get(timeout=60) == 1
+    pid = mesh[0].methods.pid.choose().get(timeout=60)
+    ray.kill(mesh.actors[0], no_restart=False)
+    deadline = time.monotonic() + 60
+    while mesh.stats()["actor_events"]["restarted"] < 1:  # the death, then the restart
+        if time.monotonic() > deadline:
+            sys.exit(f"no restart seen: {mesh.stats()}")
+        time.sleep(0.05)
+    assert mesh[0].methods.pid.choose().get(timeout=60) != pid
+    lines: list[str] = []
+    deadline = time.monotonic() + 90  # Ray's agent exports every few seconds
+    while time.monotonic() < deadline:
+        try:
+            lines = scrape(port)
+        except OSError:
+            lines = []
+        if all(any(w in line for line in lines) for w in WANTED):
+            break
+        time.sleep(1)
+    print(json.dumps({"stats": mesh.stats(), "lines": lines}), flush=True)
+    mesh.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Readers waiting for calls when `ray.shutdown()` runs, in a process of its own (the tests'
+session cluster must not be shut down). Run by tests/test_errors.py; prints one JSON line: what
+each reader raised.
+
+Ray raises `SystemExit` in a thread other than the main one that waits in `ray.get` while the
+core worker shuts down; a mesh's reader raises a `MeshError` saying Ray shut down instead.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import ray
+from workers import Worker, signal, waiters
+
+import actormesh as am
+
+
+def outcome(fn: Any) -> str:
+    try:
+        fn()
+    except BaseException as err:  # noqa: BLE001 - SystemExit included: that is the point
+        return f"{type(err).__name__}: {err}"
+    return "no error"
+
+
+def main() -> None:
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)  # a cluster of its own, not the tests' session one
+    mesh = am.ActorMesh(Worker, shape=2, num_cpus=0.25)
+    sig = signal()
+    held = [mesh.methods.block.choose(sig) for _ in range(2)]
+    waiters(sig, 2)  # both calls run in their actors, and never end
+    seen: dict[str, str] = {}
+    readers = {"future.get in a thread": lambda: held[0].get(timeout=30),
+               "am.get in a thread": lambda: am.get([held[1]], timeout=30)}
+    threads = []
+    for name, read in readers.items():
+        # Daemons: a reader that never returns shows as missing, and does not hold the exit.
+        threads.append(threading.Thread(target=lambda n=name, r=read: seen.__setitem__(
+            n, outcome(r)), daemon=True))
+        threads[-1].start()
+    ray.shutdown()
+    for thread in threads:
+        thread.join(timeout=60)
+    print(json.dumps(seen), flush=True)
+
+
+if __name__ == "__main__":
+    main()
