@@ -1,16 +1,6 @@
 """actormesh: typed meshes of Ray actors with a native queue-depth-aware load balancer."""
 
-import importlib
-
-try:
-    importlib.import_module("actormesh._native")
-except ImportError as err:  # pragma: no cover - only without a built extension
-    raise ImportError(
-        "actormesh._native, the compiled scheduler core, is missing or failed to load "
-        f"({err}). Install the package with pip so its C++ core is built "
-        "(`pip install .` or `make test`)."
-    ) from err
-
+from . import _core as _core  # first: it loads the compiled core
 from . import dispatch
 from ._actor import current_rank
 from ._balancer import ActorLoad, Balancer, Policy
