@@ -1,4 +1,4 @@
-"""The headline: the rows a reader looks at first, written to be pasted into the README as is.
+"""The headline: the rows a reader looks at first, written to be pasted into BENCHMARKS.md as is.
 
 Each row of the main table is one scenario and one metric (the rows each section asks for, see
 `benchmarks.harness.section.Row`). Its first comparison is the default (what a user gets without

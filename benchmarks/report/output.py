@@ -1,5 +1,5 @@
 """The files a run writes into its output directory: results.json (strict JSON, read back by
-`--report`), report.md, headline.md (the README's tables, verbatim) and the PNG plots."""
+`--report`), report.md, headline.md (BENCHMARKS.md's tables, verbatim) and the PNG plots."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from benchmarks.report import document, headline, plots
 
-PUBLISH_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the README's plot
+PUBLISH_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # BENCHMARKS.md's plot
 
 # Keys whose null means "none" (no control, no such contender), not a number that was NaN.
 NULLABLE = {"control", "strongest", "best", "vs_strongest", "vs_random", "best_vs_strongest",
@@ -49,7 +49,7 @@ def read(path: str) -> dict[str, Any]:
 
 def write(results: dict[str, Any], out: str, publish: bool,
           say: Callable[[str], None] = print) -> None:
-    """results.json, report.md, headline.md and the plots; with `publish`, the README's plot."""
+    """results.json, report.md, headline.md and the plots; with `publish`, BENCHMARKS.md's plot."""
     os.makedirs(out, exist_ok=True)
     figures: dict[str, str] = {}
     for s in results["scenarios"]:

@@ -27,10 +27,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import scipy.stats
 
 RESAMPLES = 1000
 LEVEL = 0.95
@@ -171,23 +173,23 @@ def ratio(metric: Metric, contender: str, a: Runs, baseline: str, b: Runs,
     logs = logs[np.isfinite(logs)]
     if not len(logs):
         return None
-    value = math.exp(_trimmed_means(logs[None, :])[0])
+    value = math.exp(float(scipy.stats.trim_mean(logs, TRIM)))
     lo = hi = math.nan
     if len(logs) > 1:
-        draws = logs[rng.integers(0, len(logs), size=(RESAMPLES, len(logs)))]
-        means = _trimmed_means(draws)
-        alpha = (1.0 - LEVEL) / 2
-        lo, hi = (math.exp(float(np.quantile(means, alpha))),
-                  math.exp(float(np.quantile(means, 1 - alpha))))
+        with warnings.catch_warnings():  # all repeats equal: a degenerate but valid interval
+            warnings.simplefilter("ignore", scipy.stats.DegenerateDataWarning)
+            interval = scipy.stats.bootstrap(
+                (logs,), _trimmed_mean, n_resamples=RESAMPLES, confidence_level=LEVEL,
+                method="percentile", random_state=rng, vectorized=True).confidence_interval
+        lo, hi = math.exp(float(interval.low)), math.exp(float(interval.high))
     return Ratio(metric.key, contender, baseline, value, lo, hi,
                  _bound(any(c for _, c in sa), any(c for _, c in sb)))
 
 
-def _trimmed_means(rows: np.ndarray) -> np.ndarray:
-    """The mean of each row after dropping `TRIM` of its values at each end."""
-    n = rows.shape[1]
-    k = int(TRIM * n)
-    return np.sort(rows, axis=1)[:, k:n - k].mean(axis=1)
+def _trimmed_mean(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The mean after dropping `TRIM` of the values at each end, along `axis`."""
+    result: np.ndarray = scipy.stats.trim_mean(values, TRIM, axis=axis)
+    return result
 
 
 def _bound(contender_censored: bool, baseline_censored: bool) -> str:
