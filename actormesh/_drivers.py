@@ -142,7 +142,10 @@ class Shared:
         self._label = label
         self._creator = creator
         self._driver = uuid.uuid4().hex
-        self._handle: Any = None
+        self._handle: Any = None  # the registry this driver exchanges with; None: look it up
+        # The registry this driver started, held for as long as it shares: Ray ends an actor
+        # whose starter holds no handle of it, named or not.
+        self._started: Any = None
         self._path: str | None = table_path(record.table)
         try:
             scheduler.share_load(self._path)
@@ -155,7 +158,7 @@ class Shared:
             _watch(self._path)
         if creator:
             try:
-                self._handle = _Registry.options(name=self._registry).remote()
+                self._started = self._handle = _Registry.options(name=self._registry).remote()
             except BaseException:
                 self._unshare()
                 raise
@@ -202,6 +205,7 @@ class Shared:
             return None
         log.warning("actormesh: %s: the load registry of the mesh was gone; it runs again",
                     self._label)
+        self._started = handle
         return handle
 
     def _unshare(self) -> None:
@@ -214,7 +218,7 @@ class Shared:
         for it. The creator's leaving ends the registry."""
         self._task.cancel()
         self._unshare()
-        handle, self._handle = self._handle, None
+        handle, self._handle, self._started = self._handle, None, None
         if not _ray.connected():  # Ray ended: the registry went with it
             return
         if self._creator:

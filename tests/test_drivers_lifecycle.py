@@ -202,3 +202,16 @@ def test_a_registry_that_dies_is_started_again_and_drivers_share_through_it(
         sig.send.remote()
         assert held.get(timeout=60) == 1
         joined.shutdown()
+
+
+def test_a_registry_outlives_the_failed_exchanges_of_the_driver_that_started_it(
+        ray_cluster: None, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(_drivers, "_CALL_S", 1e-9)  # every exchange times out
+    name = unique("kept")
+    with caplog.at_level(logging.DEBUG, logger="actormesh"), \
+            am.ActorMesh(Worker, shape=1, num_cpus=0.1, name=name):
+        registry = ray.get_actor(_named.registry_name(_named.find(name)[0]))
+        wait_until(lambda: caplog.text.count("exchanging load with other hosts failed") >= 3)
+        assert "the load registry of the mesh was gone" not in caplog.text
+        assert ray.get(registry.__ray_ready__.remote(), timeout=60)  # the same actor, alive
