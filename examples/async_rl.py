@@ -27,7 +27,9 @@ What runs where:
   and `A = reward - mean reward of the group`;
 - the driver runs `AsyncTrainer(max_staleness=1)`: while the learners train step k, the engines
   already generate the groups of step k + 1 on the weights of step k - 1 or k. After every step
-  rank 0's state dict goes into every engine (`pool.update_weights(..., version=step + 1)`).
+  rank 0 sends its state dict into every engine itself (`sender.send(..., version=step + 1)`,
+  a `pool.weight_sender()` passed to it: one gloo group from rank 0 to the engine workers; the
+  weights never pass through the driver).
 
 It prints one line per step (reward; staleness: the step minus the weight version of the
 oldest token it trains on, as the engines tagged it; tokens generated per second; weight-sync
@@ -63,7 +65,7 @@ import ray
 import actormesh as am
 from actormesh.integrations.torch import TorchMesh
 from actormesh.integrations.trainer import AsyncTrainer, StepMetrics
-from actormesh.integrations.vllm import EnginePool, FakeEngine, Generation
+from actormesh.integrations.vllm import EnginePool, FakeEngine, Generation, WeightSender
 from actormesh.integrations.vllm.tiny import VOCAB_SIZE, build_tiny_llama
 
 CLIP = 0.2
@@ -194,6 +196,14 @@ class Learner:
         return [LearnerStats(loss=float(loss), clipped=float(clipped), logprob_gap=float(gap))]
 
     @am.method
+    def push(self, sender: WeightSender, names: Mapping[str, str], version: int) -> int:
+        """Send the model's parameters the engines load (learner name -> engine name) straight
+        to every engine; returns the version they serve."""
+        state = self.model.state_dict()
+        return sender.send([(names[n], v) for n, v in state.items() if n in names],
+                           version=version)
+
+    @am.method
     def weights(self) -> dict[str, np.ndarray]:
         """The model's parameters by checkpoint name (what `save_pretrained` writes)."""
         return {name: value.detach().numpy().copy()
@@ -240,7 +250,7 @@ class Loop:
         self.records: list[StepRecord] = []
         self.pushed: list[tuple[int, int]] = []
         """Per sync: the version the pool loaded, and the number of tensors."""
-        self.weights: dict[str, np.ndarray] = {}
+        self.sender = pool.weight_sender()
         self.tokens = 0
         self.start = self.mark = time.perf_counter()
         self.tokens_at_mark = 0
@@ -255,8 +265,7 @@ class Loop:
                      [reward(self.task, prompt, s.token_ids) for s in samples])
 
     def train(self, groups: list[Group], step: int) -> None:
-        """Runs on the trainer's worker thread: shard the batch over the learners, step, and
-        fetch rank 0's weights for `sync_weights`."""
+        """Runs on the trainer's worker thread: shard the batch over the learners and step."""
         now, tokens = time.perf_counter(), self.tokens
         batch: list[Sample] = []
         for g in groups:
@@ -265,9 +274,6 @@ class Loop:
                              logprobs=s.logprobs, advantage=r - mean)
                       for s, r in zip(g.samples, g.rewards)]
         stats = self.learners.methods.step.shard(batch).get(timeout=600)
-        state = self.learners[0].methods.weights.choose().get(timeout=600)
-        self.weights = {self.engine_names[n]: v for n, v in state.items()
-                        if n in self.engine_names}
         self.records.append(StepRecord(
             step=step,
             reward=statistics.fmean(r for g in groups for r in g.rewards),
@@ -280,12 +286,13 @@ class Loop:
         self.mark, self.tokens_at_mark = now, tokens
 
     async def sync_weights(self, version: int) -> None:
-        """Load the new weights into every engine; later tokens carry `version`."""
+        """Rank 0 sends its weights into every engine; later tokens carry `version`."""
         started = time.perf_counter()
-        loaded = await self.pool.update_weights(self.weights, version=version)
+        loaded = await self.learners[0].methods.push.choose(self.sender, self.engine_names,
+                                                            version)
         record = self.records[-1]
         record.sync_s = time.perf_counter() - started
-        self.pushed.append((loaded, len(self.weights)))
+        self.pushed.append((loaded, len(self.engine_names)))
         print(f"step {record.step + 1:4d}/{self.args.steps}  reward {record.reward:.3f}  "
               f"staleness {_spread(record.token_staleness)}  "
               f"tokens/s {record.tokens_per_s:7.0f}  sync {record.sync_s * 1e3:5.0f} ms  "

@@ -6,8 +6,9 @@ from actormesh.integrations.trainer import AsyncTrainer
 async def rollout(prompt: list[int], uid: int) -> Group | None:   # None filters the prompt out
     return make_group(await pool.generate_group(prompt, {"seed": uid}, n=8))
 def train(groups: list[Group], step: int) -> None: ...             # runs in a worker thread
-async def sync_weights(version: int) -> None:
-    await pool.update_weights(model.state_dict(), version=version)
+sender = pool.weight_sender()                                      # picklable
+async def sync_weights(version: int) -> None:    # the learner's rank 0 sends its own weights
+    await learners[0].methods.push.choose(sender, version)   # in it: sender.send(state, ...)
 
 trainer = AsyncTrainer(prompts, rollout, train, batch_size=32, max_staleness=2,
                        sync_weights=sync_weights, max_concurrency=128)
