@@ -57,6 +57,7 @@ SIDE: dict[str, Side] = {
     "pool_routing": Side("pool_routing", "Engine pool routing"),
     "async_trainer": Side("async_trainer", "Async trainer against the synchronous loop"),
     "pool_map": Side("pool_map", "am.ActorPool against ray.util.ActorPool: a straggler, a kill"),
+    "weights": Side("weights", "Weights from a trainer actor into 2 vLLM engines"),
 }
 
 

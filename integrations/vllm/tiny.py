@@ -38,6 +38,15 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0, dtype: str = "float32")
     checkpoint's ("float32" or "bfloat16"). An existing model at `path` is reused as is; a new
     one is written beside it and renamed into place, so a crash never leaves half a model.
     """
+    return build_llama(path, seed=seed, dtype=dtype)
+
+
+def build_llama(path: str | Path, *, hidden_size: int = 64, intermediate_size: int = 128,
+                num_layers: int = 2, num_heads: int = 2, seed: int = 0,
+                dtype: str = "float32") -> Path:
+    """`build_tiny_llama` with the model's sizes given: the same tokenizer, a randomly
+    initialised Llama of `num_layers` layers (e.g. hidden 1024, intermediate 2816, 8 layers,
+    16 heads in bfloat16: about 200 MiB, for the weight-transfer benchmark)."""
     import torch
     from tokenizers import ByteLevelBPETokenizer
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -61,8 +70,9 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0, dtype: str = "float32")
     tokenizer.save_pretrained(work)
 
     config = LlamaConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+        vocab_size=VOCAB_SIZE, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_heads, max_position_embeddings=512,
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
     )
     with torch.random.fork_rng():

