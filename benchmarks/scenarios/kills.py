@@ -61,7 +61,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SERVICE_S = (0.001, 0.005)  # each call sleeps a uniform draw from this range
 RETRIES = 2
-TIMEOUT_S = 120.0  # no turn waits longer for its calls: a hang is an error, not a figure
+TIMEOUT_S = 300.0  # no turn waits longer for its calls: a hang is an error, not a figure
 READY_TIMEOUT_S = 60.0  # for every actor to be back (and seen back) before a turn
 WARMUP_CALLS_PER_ACTOR = 20  # the untimed turn, without kills: what the mesh learns of `work`
 
@@ -193,6 +193,10 @@ class Sender:
         library)."""
         return float("nan")
 
+    def state(self) -> str:
+        """What the library knows of the actors, for the error that reports a hang."""
+        return ""
+
 
 class MeshSender(Sender):
     """`choose` for every call, then each future read."""
@@ -222,6 +226,11 @@ class MeshSender(Sender):
 
     def load_after(self) -> float:
         return float(sum(self.mesh.load()))
+
+    def state(self) -> str:
+        load = self.mesh.load()
+        return (f"; calls in flight per actor {list(load)}, alive {load.alive}, restarting "
+                f"{[a.restarting for a in load.actors]}")
 
 
 class RawSender(Sender):
@@ -443,7 +452,7 @@ def make_trials(actors: Killable, cfg: Config, name: str) -> list[trials.Trial]:
             hung = sum(o is None for o in outcomes)
             if hung and not isinstance(sender, PoolSender):
                 raise AssertionError(f"{contender}: {hung} of {len(tokens)} calls did not end "
-                                     f"within {TIMEOUT_S:g} s")
+                                     f"within {TIMEOUT_S:g} s{sender.state()}")
             values = measure(outcomes, tokens, kills, recorded(log), contender)
             t = KillTurn(len(tokens), seconds, cpu_s)
             t.values = {**values, "lost_frac": values["lost"] / len(tokens),
@@ -506,6 +515,7 @@ class Scenario:
                               also=("executions_per_call",))],
             columns=(("sent", "calls"), ("returned", "returned"), ("failed", "failed"),
                      ("unfinished", "unfinished"), ("finished but lost", "~finished_lost"),
+                     ("ms from its end to the kill, max", "finished_lost_gap_ms_max"),
                      ("run twice", "~run_twice"), ("on killed actors", "on_killed_actors"),
                      ("kills", "kills"), ("load after", "~load_after"),
                      ("lost", "lost_frac"), ("makespan s", "makespan_s")),
