@@ -48,7 +48,7 @@ from . import _loop, _named, _native, _ray
 log = logging.getLogger("actormesh")
 
 _SHARED_MEMORY = "/dev/shm"
-_PREFIX = "actormesh-"
+_PREFIX = "actormesh-load-"  # of every table: what a janitor sweeps
 _ACTIVE_S = 0.025  # exchange period while the mesh's drivers run on more than one host
 _IDLE_S = 1.0  # while they share one: only to notice a driver joining from another host
 _CALL_S = 10.0  # an exchange that takes longer is abandoned (and tried again)
