@@ -25,11 +25,13 @@ pytest.importorskip("rich")
 import actormesh as am  # noqa: E402
 from actormesh import _balancer  # noqa: E402
 from benchmarks import cli  # noqa: E402  (the repository root is on pythonpath)
+from benchmarks.config import SMOKE  # noqa: E402
 from benchmarks.harness import metrics, turns  # noqa: E402
 from benchmarks.harness.contenders import default_policy, twin_name  # noqa: E402
+from benchmarks.harness.context import Context  # noqa: E402
 from benchmarks.harness.workloads import Service  # noqa: E402
 from benchmarks.report import headline, output, stats  # noqa: E402
-from benchmarks.scenarios import call_path, drivers, hedged  # noqa: E402
+from benchmarks.scenarios import call_path, drivers, hedged, kills  # noqa: E402
 from benchmarks.without_ray import sim, theory  # noqa: E402
 
 BALANCING = ["straggler", "tiny_noop", "killed"]
@@ -150,6 +152,24 @@ def test_several_drivers_report_p99_and_peaks_in_flight(smoke_run: Path) -> None
                                                            drivers.OWN, drivers.CONNECTED}
     for c in scenario["contenders"]:
         assert c["runs"][0]["peak_over_mean"] >= 1.0 and c["runs"][0]["lost"] == 0
+
+
+def test_calls_under_kills_account_for_every_call_sent(ray_cluster: None) -> None:
+    # Played on its own (not in `smoke_run`): each turn waits for the killed actors' restarts.
+    ctx = Context(SMOKE, lambda _: None)
+    try:
+        scenario = kills.Scenario().run(ctx)
+    finally:
+        ctx.close()
+    assert scenario["default"] == kills.DEFAULT
+    assert {c["name"] for c in scenario["contenders"]} == {
+        kills.DEFAULT, kills.TWIN, kills.ALONE, kills.RETRY, kills.RAW, kills.RAW_RETRY,
+        kills.POOL}
+    for c in scenario["contenders"]:
+        run = c["runs"][0]
+        assert run["calls"] == run["returned"] + run["failed"] + run["unfinished"] > 0
+        assert run["finished_lost"] <= run["failed"]
+        assert run["executions_per_call"] >= run["returned"] / run["calls"]
 
 
 def test_headline_names_commit_contender_baseline_interval_and_control(smoke_run: Path) -> None:
@@ -379,7 +399,7 @@ def test_every_side_script_keeps_its_entry_point(script: str) -> None:
 def test_list_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--list"]) == 0
     out = capsys.readouterr().out
-    for name in (*BALANCING, *CALL_PATH, "hedged", "drivers", "decision_cost", "pool_map"):
+    for name in (*BALANCING, *CALL_PATH, *PREPARED, "kills", "decision_cost", "pool_map"):
         assert f"\n{name} " in f"\n{out}"
     assert "prepared" not in out
 
