@@ -41,6 +41,7 @@ from ._errors import MeshError, MeshTimeoutError, NoLiveActorsError, from_ray
 from ._failures import Failures
 from ._hedge import Hedges
 from ._holds import Holds
+from ._metrics import MeshMetrics
 from ._result import Result
 from ._shape import Point, format_coords
 
@@ -269,6 +270,22 @@ def _failed(error: BaseException) -> int:
     return _ray.FAILED
 
 
+def _outcome_name(call: Call, outcome: int, settled_before: bool) -> str:
+    """How a call's execution ended, as the metrics name it (`_metrics.OUTCOMES`)."""
+    if settled_before:
+        error = call.future.exception()
+        return "ok" if error is None else _cancelled_name(error)
+    if outcome == _ray.OK:
+        return "ok"
+    if outcome in _LOST:
+        return "lost"
+    return "cancelled" if outcome == _ray.CANCELLED else "error"
+
+
+def _cancelled_name(error: BaseException) -> str:
+    return "timeout" if isinstance(error, MeshTimeoutError) else "cancelled"
+
+
 def _packed_outcome(packed: Any) -> int:
     if isinstance(packed, _runner.Raised):
         return _ray.RAISED
@@ -369,6 +386,7 @@ class Router:
         self._outbox: list[_native.Decision] = []
         self._outbox_posted = False
         self._outbox_lock = threading.Lock()
+        self.metrics: MeshMetrics | None = None  # where each call's end is counted (the mesh's)
         self.closed = False
 
     def check_open(self, method: str) -> None:
@@ -460,6 +478,9 @@ class Router:
             return
         if any(call.future.done() for call in live):  # cancelled while being sent: unseen
             self.cancel_sent(task)
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.task_sent(live[0].method, len(live))
         for call in live:
             if call.hedge is not None and call.twin is None:
                 self.hedges.arm(call)
@@ -627,9 +648,14 @@ class Router:
                     actor, task.started, ended, failed=failed, drain=self._drain_inline,
                     calls=len(calls), method=_method_of(calls), timed=timed and ran > 0)
             self._hand_on(drained, actor)
+            metrics, seconds = self.metrics, ended - task.started
             for index, (call, outcome) in enumerate(zip(calls, outcomes)):
                 call.outcome = outcome
+                settled_before = call.future.done()  # cancelled or timed out while it ran
                 self._settle(call, outcome, task, index, error)
+                if metrics is not None and outcome != SKIPPED:
+                    metrics.call_ended(call.method, _outcome_name(call, outcome, settled_before),
+                                       seconds)
                 if call.future.done() and call.hedge is None:
                     call.args, call.kwargs = (), _NO_KWARGS
         except BaseException as err:  # a bug here must not leave a call unsettled
@@ -695,8 +721,9 @@ class Router:
         for call in calls:
             if call.future.done():
                 continue
-            if call.ticket:
-                self.scheduler.cancel(call.ticket)  # False: given a slot meanwhile; sent sees it
+            if call.ticket and self.scheduler.cancel(call.ticket) and self.metrics is not None:
+                # never sent (False: given a slot meanwhile; its send sees it settled)
+                self.metrics.call_ended(call.method, _cancelled_name(error), 0.0)
             # Settled first, then `task` read: a send under way either sees the call settled
             # or has set `task` by now, so one of the two cancels it.
             if call.future.set_exception(_copy(error)):

@@ -101,3 +101,27 @@ class Gated:
     @am.method
     async def cancelled_calls(self) -> int:
         return self.cancelled
+
+
+class Peaked:
+    """An asyncio mesh actor that records how many of its calls ran at once."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    @am.method
+    async def block(self, sig: Any) -> None:
+        await sig.wait.remote()
+
+    @am.method
+    async def work(self, x: int) -> int:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        await asyncio.sleep(0.05)
+        self.now -= 1
+        return x
+
+    @am.method
+    async def peak_seen(self) -> int:
+        return self.peak

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import ray
-from contract_workers import Bounded, Counter, Gated, Grouped, Logged
+from contract_workers import Bounded, Counter, Gated, Grouped, Logged, Peaked
 from workers import signal, waiters
 
 import actormesh as am
@@ -89,6 +89,22 @@ def test_an_asyncio_actor_made_elsewhere_keeps_its_max_concurrency(ray_cluster: 
         ray.kill(actor)
 
 
+def test_an_asyncio_mesh_actor_runs_calls_that_ride_together_within_its_max_concurrency(
+    ray_cluster: None,
+) -> None:
+    with am.ActorMesh(Peaked, shape=1, num_cpus=0.1, max_in_flight=8,
+                      balancer=am.Policy("adaptive", max_tasks=1, batch_budget_s=60.0),
+                      ray_actor_options={"max_concurrency": 2}) as mesh:
+        sig = signal()
+        blocked = mesh.methods.block.choose(sig)
+        waiters(sig, 1)
+        futures = [mesh.methods.work.choose(x) for x in range(6)]  # they ride one task
+        sig.send.remote()
+        blocked.get(timeout=60)
+        assert am.get(futures, timeout=60) == list(range(6))
+        assert mesh.methods.peak_seen.choose().get(timeout=60) == 2
+
+
 def test_a_method_in_a_concurrency_group_runs_in_its_group_when_calls_wait(
     ray_cluster: None,
 ) -> None:
@@ -136,3 +152,24 @@ def test_cancelling_every_call_of_a_running_task_stops_it_and_frees_its_slot(
             future.cancel()
         assert mesh.methods.cancelled_calls.choose().get(timeout=60) == 3  # the slot is free
         assert mesh.load() == [0]
+
+
+def test_the_mesh_counts_each_call_and_each_task_in_its_stats(
+    pair: am.ActorMesh[Logged],
+) -> None:
+    before = pair.stats()["calls"].get("value", {"ok": 0, "error": 0})
+    one = pair[0]
+    sig = signal()
+    blocked = one.methods.block.choose(sig)
+    waiters(sig, 1)
+    futures = [one.methods.value.choose(x) for x in (1, -1, 3, 4)]  # they ride one task
+    sig.send.remote()
+    blocked.get(timeout=60)
+    assert [futures[i].get(timeout=60) for i in (0, 2, 3)] == [1, 3, 4]
+    with pytest.raises(am.ActorError):
+        futures[1].get(timeout=60)
+    stats = pair.stats()
+    assert stats["calls"]["value"]["ok"] - before["ok"] == 3
+    assert stats["calls"]["value"]["error"] - before["error"] == 1
+    assert stats["batch_calls"]["value"]["count"] >= 1
+    assert stats["in_flight"] == 0 and stats["queued"] == 0
