@@ -126,7 +126,8 @@ class MeshMetrics:
     def stats(self) -> dict[str, Any]:
         """The mesh's figures now: calls per method and outcome, call durations and calls per
         task per method (count, sum, buckets), calls in flight and queued, actor events."""
-        self._note_ejections()
+        with self._lock:
+            self._note_ejections()
         calls: dict[str, dict[str, int]] = {}
         for (method, outcome), count in list(self._calls.items()):
             calls.setdefault(method, dict.fromkeys(OUTCOMES, 0))[outcome] = count

@@ -19,7 +19,8 @@ from workers import Worker
 import actormesh as am
 
 WANTED = ('ray_actormesh_actor_events_total{', 'event="died"', 'event="restarted"',
-          "ray_actormesh_in_flight{", "ray_actormesh_queued{")
+          "ray_actormesh_in_flight{", "ray_actormesh_queued{", 'outcome="ok"', 'outcome="error"',
+          "ray_actormesh_call_seconds_count{", "ray_actormesh_batch_calls_count{")
 
 
 def free_port() -> int:
@@ -35,12 +36,24 @@ def scrape(port: int) -> list[str]:
     return [line for line in text.splitlines() if "actormesh" in line and 'mesh="metered"' in line]
 
 
+def settled(lines: list[str]) -> bool:
+    """Whether the export holds every call and event made (Ray's agent exports in turns)."""
+    def value(*parts: str) -> float:
+        found = [line for line in lines if all(p in line for p in parts)]
+        return float(found[0].rsplit(" ", 1)[1]) if found else -1.0
+
+    return (value('outcome="ok"', 'method="f"') == 3 and value('outcome="error"') == 1
+            and value('event="died"') == 1 and value('event="restarted"') == 1)
+
+
 def main() -> None:
     port = free_port()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False, _metrics_export_port=port)
     mesh = am.ActorMesh(Worker, shape=2, num_cpus=0.25, max_restarts=1, name="metered")
-    assert mesh.methods.f.choose(1).get(timeout=60) == 1
+    assert am.get([mesh.methods.f.choose(i) for i in range(3)], timeout=60) == [0, 1, 2]
+    failed = mesh.methods.fail.options(return_exceptions=True).choose("boom").get(timeout=60)
+    assert isinstance(failed, am.ActorError)
     pid = mesh[0].methods.pid.choose().get(timeout=60)
     ray.kill(mesh.actors[0], no_restart=False)
     deadline = time.monotonic() + 60
@@ -56,7 +69,7 @@ def main() -> None:
             lines = scrape(port)
         except OSError:
             lines = []
-        if all(any(w in line for line in lines) for w in WANTED):
+        if all(any(w in line for line in lines) for w in WANTED) and settled(lines):
             break
         time.sleep(1)
     print(json.dumps({"stats": mesh.stats(), "lines": lines}), flush=True)

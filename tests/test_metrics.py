@@ -13,7 +13,7 @@ import pytest
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics_export.py")
 
 
-def test_actor_events_and_gauges_reach_prometheus_tagged_with_the_mesh_name() -> None:
+def test_calls_actor_events_and_gauges_reach_prometheus_tagged_with_the_mesh_name() -> None:
     pytest.importorskip("opencensus", reason="Ray's metrics agent needs ray[default] "
                         "(pip install actormesh[metrics])")
     here = os.path.dirname(SCRIPT)
@@ -34,5 +34,10 @@ def test_actor_events_and_gauges_reach_prometheus_tagged_with_the_mesh_name() ->
 
     assert value("ray_actormesh_actor_events_total{", 'event="died"') == 1
     assert value("ray_actormesh_actor_events_total{", 'event="restarted"') == 1
+    assert value("ray_actormesh_calls_total{", 'method="f"', 'outcome="ok"') == 3
+    assert value("ray_actormesh_calls_total{", 'method="fail"', 'outcome="error"') == 1
+    assert stats["calls"]["f"]["ok"] == 3 and stats["calls"]["fail"]["error"] == 1
+    assert value("ray_actormesh_call_seconds_count{", 'method="f"') == 3
+    assert value("ray_actormesh_batch_calls_count{", 'method="f"') >= 1
     assert value("ray_actormesh_in_flight{") == 0
     assert value("ray_actormesh_queued{") == 0
