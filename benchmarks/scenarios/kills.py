@@ -12,7 +12,9 @@ actors that die. Measured per turn:
   that hangs is an error, not a figure);
 - finished but lost: calls that failed although they had finished in their actor (recorded by
   the counter): the contract of DESIGN.md "Batching is invisible" says 0, whatever rode with
-  them; with the milliseconds between each such call's end and its actor's kill;
+  them; with the longest time from such a call's end to the kill of its actor (negative: it
+  ended after the kill was sent, in the milliseconds before the kill reached the process, a
+  window every Ray call has: a lone call's reply is lost the same way);
 - run twice: calls recorded more than once (0 without retries, and 0 with the library's);
 - on killed actors: the calls in flight on each actor when it was killed, summed over the kills
   (the calls a kill can cost), and the mesh's calls in flight once every call has ended (0).
@@ -400,8 +402,11 @@ def measure(outcomes: Sequence[Outcome | None], tokens: Sequence[int], kills: Se
             errors[text] = errors.get(text, 0) + 1
         if token in finished_at:  # it finished in its actor, yet its caller got an error
             rank, at = finished_at[token]
-            after = [k.at for k in kills if k.rank == rank and k.at >= at]
-            lost_gaps.append((min(after) - at) * 1e3 if after else float("nan"))
+            # The kill that took its actor: the nearest of that actor's (a kill takes effect
+            # some milliseconds after it is sent; the next one comes seconds later).
+            nearest = min((k.at for k in kills if k.rank == rank), key=lambda t: abs(t - at),
+                          default=float("nan"))
+            lost_gaps.append((nearest - at) * 1e3)
     calls = len(tokens)
     return {
         "returned": returned,
@@ -410,7 +415,9 @@ def measure(outcomes: Sequence[Outcome | None], tokens: Sequence[int], kills: Se
         "unfinished": unfinished,
         "lost": failed + unfinished,
         "finished_lost": len(lost_gaps),
-        "finished_lost_gap_ms_max": max(lost_gaps) if lost_gaps else float("nan"),
+        # > 0: the call's end preceded the kill (its outcome waited in the actor); <= 0: it
+        # ended after the kill was sent, before the kill reached the process.
+        "finished_lost_gap_ms_max": max(lost_gaps, default=float("nan")),
         "run_twice": sum(1 for n in times.values() if n > 1),
         "executions_per_call": sum(times.values()) / calls if calls else float("nan"),
         "kills": len(kills),
