@@ -70,6 +70,8 @@ HANDLE = ("_actor_id", "_ray_method_signatures", "_ray_actor_creation_function_d
           "__ray_call__", "__ray_ready__")
 ACTOR_METHOD = ("_remote",)  # handle.__ray_call__._remote(...), for a task's options
 METHOD_FUNCTION = ("__ray_concurrency_group__",)  # set by @ray.method(concurrency_group=...)
+# A parameter Ray's tracing adds to every actor method's signature (ray.util.tracing).
+INJECTED = ("_ray_trace_ctx",)
 
 # What counts as a use of Ray's internals in the source, and the table each name must be in.
 USES = [
@@ -80,7 +82,8 @@ USES = [
     (re.compile(r"core_worker\.(\w+)\("), lambda name: name in CORE_WORKER),
     (re.compile(r"gcs_client\.(\w+)|client\.(async_\w+)"), lambda name: name in GCS_CLIENT),
     (re.compile(r"(?<!self)\.(_on_\w+)\("), lambda name: name in OBJECT_REF),
-    (re.compile(r"\b(__ray_(?!concurrency_group)\w+__|_ray_\w+)\b"), lambda name: name in HANDLE),
+    (re.compile(r"\b(__ray_(?!concurrency_group)\w+__|_ray_\w+)\b"),
+     lambda name: name in HANDLE or name in INJECTED),
     (re.compile(r"(?<!self)\.(_actor_id)\b"), lambda name: name in HANDLE),
     (re.compile(r"__ray_call__\.(\w+)\("), lambda name: name in ACTOR_METHOD),
     (re.compile(r"\b(__ray_concurrency_group__)\b"), lambda name: name in METHOD_FUNCTION),
@@ -104,6 +107,13 @@ def test_each_private_ray_module_has_what_is_taken_from_it(module: str,
                                                           names: tuple[str, ...]) -> None:
     found = importlib.import_module(module)
     assert [n for n in names if not hasattr(found, n)] == [], f"ray {ray.__version__}: {module}"
+
+
+def test_the_parameter_ray_tracing_adds_to_actor_methods_is_still_named_so() -> None:
+    from ray.util.tracing import tracing_helper
+
+    source = Path(tracing_helper.__file__).read_text()
+    assert [n for n in INJECTED if n not in source] == [], f"ray {ray.__version__}"
 
 
 @pytest.mark.usefixtures("ray_cluster")
