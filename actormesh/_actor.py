@@ -84,6 +84,12 @@ _ASYNC_DEFAULT = 1000  # Ray's max_concurrency of an asyncio actor
 _bound = _ASYNC_DEFAULT
 
 
+def concurrency_bound() -> int:
+    """This asyncio actor's bound on calls at once. A function of this module, so that the
+    class Ray hosts (pickled by value, its globals with it) reads the actor's own value."""
+    return _bound
+
+
 def _enter_mesh(identity: Identity) -> None:
     global _current, _bound
     os.environ.update(identity.env())
@@ -123,10 +129,10 @@ def remote_class(cls: type[Any], concurrency_groups: Mapping[str, int] | None = 
             return await result if inspect.isawaitable(result) else result
 
         async def batch_async(self: Any, items: list[Item]) -> list[Packed]:
-            return await run_concurrently(self, items, _bound)
+            return await run_concurrently(self, items, concurrency_bound())
 
         async def stream_async(self: Any, items: list[Item]) -> AsyncIterator[tuple[int, Packed]]:
-            async for reported in stream_concurrently(self, items, _bound):
+            async for reported in stream_concurrently(self, items, concurrency_bound()):
                 yield reported
 
         def asyncio_marker(self: Any) -> bool:

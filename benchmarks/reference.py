@@ -115,7 +115,7 @@ class ActorLoad:
     last_end_s: float = -math.inf
     fresh: bool = True  # the next sample is the incarnation's first: it may include start-up
     stale: bool = False  # not sent a task for long: the next sample replaces the estimate
-    failures_in_a_row: int = 0  # a task's failures counted as its latest calls
+    failures_in_a_row: int = 0  # failed calls in a row (a task's, when most of it failed)
 
     @property
     def known(self) -> bool:
@@ -404,7 +404,10 @@ class Scheduler:
         rating = self._rating(actor)
         load.in_flight -= calls
         load.tasks -= 1
-        load.failures_in_a_row = failed + (load.failures_in_a_row if failed == calls else 0)
+        # a task whose calls mostly succeeded ends the run of failures; one whose calls mostly
+        # failed starts one (continues it when every call failed)
+        load.failures_in_a_row = 0 if calls - failed >= failed else \
+            failed + (load.failures_in_a_row if failed == calls else 0)
         if timed:
             self._record(load, started_s, ended_s, failed, calls, self._methods[method])
         self._blocked += was - self._eligible(actor)

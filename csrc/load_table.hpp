@@ -223,9 +223,10 @@ class LoadTable {
   // information and are dropped.
   //
   // Failures count per call, never per task: a task with one failed call in ten is nine
-  // successes and one failure. A success ends the actor's run of failures; the order of the
-  // calls within a task is not known, so its failures are taken as the latest (they start the
-  // next run, see `failures_in_a_row`). A failed call is no service-time sample of its method,
+  // successes and one failure. The order of the calls within a task is not known: a task whose
+  // calls mostly succeeded ends the actor's run of failures (its failures were interleaved
+  // with successes: a task of 64 calls with 6 raising is a healthy actor, not 6 failures in a
+  // row); one whose calls mostly failed starts a run with them (see `failures_in_a_row`). A failed call is no service-time sample of its method,
   // but it is one for the actor: a penalty, twice the larger of its share and the actor's
   // estimate (the method's while the actor is unmeasured), so that an actor that fails fast
   // never looks fast: each failed call in a row multiplies its estimate by about 1 + alpha.
@@ -243,11 +244,12 @@ class LoadTable {
               uint32_t calls = 1, uint32_t method = 0, bool timed = true) {
     ActorLoad& a = actors_[actor];
     const uint32_t succeeded = calls - failed;
-    if (succeeded > 0) {
+    if (succeeded >= failed) {
       a.failures_in_a_row = 0;
       if (!a.ejected) a.ejections = 0;
+    } else {
+      a.failures_in_a_row = failed + (succeeded == 0 ? a.failures_in_a_row : 0);
     }
-    a.failures_in_a_row += failed;
     if (!timed) return;
     const double share = (ended_s - std::max(started_s, a.last_end_s)) / calls;
     a.last_end_s = std::max(a.last_end_s, ended_s);

@@ -993,6 +993,24 @@ def test_failed_calls_in_tasks_with_successes_never_eject_a_healthy_actor() -> N
     assert s.ejected() == [False, False]
 
 
+def test_a_large_task_with_more_failures_than_the_ejection_bar_but_mostly_successes_never_ejects(
+) -> None:
+    s = Scheduler(2, "least_loaded", eject_after=5)
+    for _ in range(4):  # a coalesced map: 64 calls a task, one input in ten raising
+        for _ in range(64):
+            s.acquire(0)
+        s.complete(0, 1.0, 1.01, 6, calls=64)
+    assert s.ejected() == [False, False]
+
+
+def test_a_task_whose_calls_mostly_failed_counts_them_towards_ejection() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=5)
+    for _ in range(8):
+        s.acquire(0)
+    s.complete(0, 1.0, 1.01, 6, calls=8)
+    assert s.ejected() == [True, False]
+
+
 def test_a_failed_task_counts_each_of_its_calls_towards_ejection() -> None:
     s = Scheduler(2, "least_loaded", eject_after=3)
     for _ in range(3):
