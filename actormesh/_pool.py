@@ -332,9 +332,9 @@ class ActorPool(Generic[T]):
         error = call.future.exception()
         if error is not None:
             raise error
-        task, _ = call.future.result()
+        sent, _ = call.future.result()  # the Ray task that carried it
         try:
-            return _ray.get(task.out)
+            return _ray.get(sent.out)
         except RayActorError as err:
             raise call.error(err) from None
 
