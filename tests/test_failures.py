@@ -339,7 +339,7 @@ def test_chaos_no_call_hangs_runs_twice_without_retries_or_goes_to_a_dead_actor(
         time.sleep(1.0)
 
     with am.ActorMesh(Worker, shape=6, num_cpus=0.1, max_restarts=-1, max_in_flight=slots,
-                      restart_timeout_s=5.0, on_restart=hook) as mesh:
+                      restart_timeout_s=15.0, on_restart=hook) as mesh:
         mesh.wait_ready(60)
         rng = random.Random(25)
         kills: list[int] = []

@@ -31,7 +31,7 @@ CHECKPOINT = fake_checkpoint(fake_spec())
 
 @pytest.fixture(scope="module")
 def pool(ray_cluster: None) -> Iterator[EnginePool]:
-    with EnginePool("fake", 2, engine_cls=FlakyEngine, num_cpus=0.25, max_restarts=2,
+    with EnginePool("fake", 2, engine_cls=FlakyEngine, num_cpus=0.25, max_restarts=-1,
                     engine_args={"step_s": 0.004}) as p:
         p.wait_ready(timeout=120)
         yield p
