@@ -53,7 +53,7 @@ _cloudpickle_dumps: Callable[..., bytes] = _cloudpickle.dumps  # untyped in Ray
 # How a task travels (see the module docstring).
 LONE, LIST, STREAM = 0, 1, 2
 # A task expected to run longer than this reports each call as it ends (STREAM).
-STREAM_ABOVE_S = 0.005
+STREAM_ABOVE_S = 0.05
 # An outcome of a call the actor did not start (`_runner.Skipped`): it goes again, alone.
 SKIPPED = -1
 _LOST = (_ray.DIED, _ray.UNAVAILABLE)
