@@ -54,6 +54,10 @@ _cloudpickle_dumps: Callable[..., bytes] = _cloudpickle.dumps  # untyped in Ray
 LONE, LIST, STREAM = 0, 1, 2
 # A task expected to run longer than this reports each call as it ends (STREAM).
 STREAM_ABOVE_S = 0.05
+# `map` keeps at least this many calls per task slot outstanding: enough for a backlog, under
+# which tasks carry several calls and the method's time per call can be measured again (a
+# window sized from an estimate inflated by lone round trips would keep every call alone).
+MIN_WINDOW_BATCH = 8
 # An outcome of a call the actor did not start (`_runner.Skipped`): it goes again, alone.
 SKIPPED = -1
 _LOST = (_ray.DIED, _ray.UNAVAILABLE)
@@ -416,7 +420,7 @@ class Router:
         slots, tasks = scheduler.max_in_flight, scheduler.max_tasks
         if not slots and not tasks:
             return 2 * actors  # nothing ever waits: one call running, one queued in the actor
-        per_actor = (tasks or 1) * scheduler.batch_size(method_id)
+        per_actor = (tasks or 1) * max(scheduler.batch_size(method_id), MIN_WINDOW_BATCH)
         if slots:
             per_actor = min(per_actor, slots)
         return 2 * actors * per_actor
