@@ -26,6 +26,7 @@ import ray
 
 import actormesh as am
 from actormesh import _loop
+from benchmarks.side.shard_transfer import Signal
 
 _PACKAGE = os.path.dirname(os.path.abspath(am.__file__))
 
@@ -38,25 +39,6 @@ class Echo:
     @am.method
     def block(self, sig: Any) -> None:
         ray.get(sig.wait.remote())
-
-
-@ray.remote(num_cpus=0)
-class Signal:
-    def __init__(self) -> None:
-        import asyncio
-
-        self.event = asyncio.Event()
-        self.waiting = 0
-
-    async def wait(self) -> None:
-        self.waiting += 1
-        await self.event.wait()
-
-    def send(self) -> None:
-        self.event.set()
-
-    def count(self) -> int:
-        return self.waiting
 
 
 class Trace:
