@@ -21,10 +21,9 @@ from ray import ObjectRef
 from ray.exceptions import GetTimeoutError, RayError
 
 from . import _ray
-from ._calls import LONE, Task
+from ._calls import LONE, Result, Task
 from ._errors import ray_failure
 from ._future import MeshFuture
-from ._result import Result
 
 R = TypeVar("R")
 W = TypeVar("W", bound="MeshFuture[Any] | ObjectRef[Any]")  # what `wait` is given, it returns

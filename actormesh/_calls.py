@@ -23,12 +23,13 @@ Hedged calls (`_hedge`) reach this module through `Router.send_copy` and `Call.t
 
 from __future__ import annotations
 
+import _thread
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import ray
 from ray import ObjectRef
@@ -42,10 +43,11 @@ from ._failures import Failures
 from ._hedge import Hedges
 from ._holds import Holds
 from ._metrics import MeshMetrics
-from ._result import Result
 from ._shape import Point, format_coords
 
 log = logging.getLogger("actormesh")
+
+T = TypeVar("T")
 
 _NO_KWARGS: dict[str, Any] = {}  # never written to
 _cloudpickle_dumps: Callable[..., bytes] = _cloudpickle.dumps  # untyped in Ray
@@ -61,6 +63,122 @@ MIN_WINDOW_BATCH = 8
 # An outcome of a call the actor did not start (`_runner.Skipped`): it goes again, alone.
 SKIPPED = -1
 _LOST = (_ray.DIED, _ray.UNAVAILABLE)
+
+
+_PENDING, _VALUE, _ERROR = 0, 1, 2
+_settling = threading.Lock()  # one for every result: held for a few bytecodes, never to wait
+
+
+class Result(Generic[T]):
+    """A value or an error that arrives once, from any thread: the subset of
+    `concurrent.futures.Future` the call path uses, with the same meaning, in one slotted object
+    with no lock of its own until somebody waits (a `Future`'s `Condition` per call cost a
+    `choose` about twice its Python time: the garbage collector walks its containers). Settling
+    twice is no error: the second outcome is dropped (`set_*` returns False), as a call that
+    times out and then ends needs. A callback that raises is logged; the others still run."""
+
+    __slots__ = ("_state", "_value", "_callbacks", "_gate")
+
+    def __init__(self) -> None:
+        self._state = _PENDING
+        self._value: Any = None  # the value or the error; written before `_state`
+        self._callbacks: list[Callable[[Result[T]], object]] | None = None
+        # Locked while somebody waits; released once settled. Each waiter passes it on, so
+        # every waiter wakes.
+        self._gate: _thread.LockType | None = None
+
+    @classmethod
+    def of(cls, value: T) -> Result[T]:
+        """A result settled with `value` already."""
+        result: Result[T] = cls()
+        result._value, result._state = value, _VALUE
+        return result
+
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def set_result(self, value: T) -> bool:
+        """Settle with `value`; False (and nothing changes) if already settled."""
+        return self._settle(_VALUE, value)
+
+    def set_exception(self, error: BaseException) -> bool:
+        """Settle with `error`; False (and nothing changes) if already settled."""
+        return self._settle(_ERROR, error)
+
+    def _settle(self, state: int, value: Any) -> bool:
+        with _settling:
+            if self._state != _PENDING:
+                return False
+            self._value = value
+            self._state = state
+            callbacks, self._callbacks = self._callbacks, None
+            gate = self._gate
+        if gate is not None:
+            gate.release()
+        for callback in callbacks or ():
+            _run(callback, self)
+        return True
+
+    def add_done_callback(self, callback: Callable[[Result[T]], object]) -> None:
+        """Call `callback(self)` once settled, on the thread that settles it (at once if it
+        is): keep it short and never wait in it."""
+        with _settling:
+            if self._state == _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        _run(callback, self)
+
+    def remove_done_callback(self, callback: Callable[[Result[T]], object]) -> bool:
+        """Forget a callback not yet run (its waiter gave up), so that nothing of it stays
+        behind; False if it was not pending."""
+        with _settling:
+            if self._callbacks is None:
+                return False
+            for i, pending in enumerate(self._callbacks):
+                if pending is callback:
+                    del self._callbacks[i]
+                    return True
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until settled; False if `timeout` seconds passed first."""
+        if self._state != _PENDING:
+            return True
+        with _settling:
+            if self._state != _PENDING:
+                return True
+            if self._gate is None:
+                self._gate = _thread.allocate_lock()
+                self._gate.acquire()
+            gate = self._gate
+        if not gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            return False
+        gate.release()  # for the next waiter
+        return True
+
+    def result(self, timeout: float | None = None) -> T:
+        """The value, or raise the error; `TimeoutError` if not settled within `timeout` s."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"not settled within {timeout} s")
+        if self._state == _ERROR:
+            raise self._value
+        value: T = self._value
+        return value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The error, or None if it settled with a value."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"not settled within {timeout} s")
+        return self._value if self._state == _ERROR else None
+
+
+def _run(callback: Callable[[Any], object], result: Result[Any]) -> None:
+    try:
+        callback(result)
+    except Exception:
+        log.exception("actormesh: a callback of a call's result raised")
 
 
 class Routed(Protocol):
@@ -81,12 +199,13 @@ class Call:
     ended, or with an error if it never ran to its end (cancelled, timed out, no actor)."""
 
     __slots__ = ("router", "method", "method_id", "rides", "fn", "args", "kwargs", "target",
-                 "key", "affinity", "retries", "hedge", "future", "ticket", "deadline",
+                 "group", "key", "affinity", "retries", "hedge", "future", "ticket", "deadline",
                  "outcome", "task", "index", "twin", "_point", "__weakref__")
 
     def __init__(self, router: Router, method: str, args: tuple[Any, ...],
                  kwargs: dict[str, Any], *, point: Point | None = None,
-                 target: Routed | None = None, key: Hashable | None = None, retries: int = 0,
+                 target: Routed | None = None, group: int = -1, key: Hashable | None = None,
+                 retries: int = 0,
                  fn: SendFn | None = None, method_id: int = 0, alone: bool = False,
                  hedge: float | None = None) -> None:
         self.router = router
@@ -100,7 +219,9 @@ class Call:
         self.fn = fn  # makes the Ray call itself, given the actor's handle (ActorPool.submit)
         self.args = args
         self.kwargs = kwargs
-        self.target = target  # the view `choose` routes in (its group); None: sent directly
+        self.target = target  # the view `choose` routes in; None: sent directly
+        # The view's group in the scheduler (the caller may know it: one hop less per call).
+        self.group = group if group >= 0 or target is None else target.group
         self.key = key  # the affinity key as given; `affinity` is what the core routes by
         self.affinity = None if key is None else router.sessions.id_of(key)
         self.retries = retries
@@ -342,11 +463,8 @@ def read_sent(call: Call, timeout: float | None) -> Any:
     if call.deadline is not None:
         left = max(call.deadline - time.monotonic(), 0.0)
         timeout = left if timeout is None else min(timeout, left)
-    late = _ray.arrived(ref)  # then when it ended is not known: no service-time sample
-    if not _ray.connected():
-        return NOT_READ
-    try:
-        value = _ray.get(ref, timeout)  # Ray shutting down meanwhile: a MeshError, raised
+    try:  # Ray not running (shut down meanwhile): a MeshError, raised
+        value, late = _ray.get_arrived(ref, timeout)  # late: when it ended is not known
     except RayError:  # GetTimeoutError included
         return NOT_READ
     call.router.read_ended(task, timed=not late)
@@ -436,12 +554,8 @@ class Router:
         if self.closed:
             call.fail(MeshError(f"{call.method}: the mesh is shut down"))
             return
-        if not _ray.connected():
-            call.fail(MeshError(f"{call.method}: {_ray.NOT_RUNNING}"))
-            return
-        assert call.target is not None
         try:
-            decision = self.scheduler.submit(call.target.group, call.affinity, call,
+            decision = self.scheduler.submit(call.group, call.affinity, call,
                                              time.perf_counter(), call.method_id, not call.rides)
         except _native.NoLiveActors as err:
             call.fail(NoLiveActorsError(f"{call.method}: {err}"))
@@ -450,11 +564,13 @@ class Router:
             call.fail(err)
             return
         if decision.actor >= 0:
-            self.send_task(decision.actor, [call])
+            self.send_task(decision.actor, [call])  # refused there if Ray is not running
+            return
+        call.ticket = decision.ticket
+        if not _ray.connected():  # no slot would ever free for it
+            self.cancel([call], MeshError(f"{call.method}: {_ray.NOT_RUNNING}"))
         else:
-            call.ticket = decision.ticket
-            if self.holds.active:
-                self.holds.watch()
+            self._watch_holds()
 
     def send_task(self, actor: int, calls: list[Call]) -> None:
         """Send `calls` to `actor` as one Ray task; they hold one task slot and a call slot
@@ -482,9 +598,6 @@ class Router:
             return
         if any(call.future.done() for call in live):  # cancelled while being sent: unseen
             self.cancel_sent(task)
-        metrics = self.metrics
-        if metrics is not None:
-            metrics.task_sent(live[0].method, len(live))
         for call in live:
             if call.hedge is not None and call.twin is None:
                 self.hedges.arm(call)
@@ -553,7 +666,7 @@ class Router:
     def send_copy(self, actor: int, call: Call) -> None:
         """Send a second copy of the hedged `call` to `actor`, whose slot the scheduler counted
         for it (loop thread). It shares the call's future (see `end` for which copy wins)."""
-        copy = Call(self, call.method, call.args, call.kwargs, target=call.target,
+        copy = Call(self, call.method, call.args, call.kwargs, target=call.target, group=call.group,
                     method_id=call.method_id, alone=True)
         copy.future = call.future
         copy.twin, call.twin = call, copy
@@ -584,16 +697,14 @@ class Router:
         except _native.PickerError as err:
             drained = self._picker_failed(err)
         self._send_decisions(drained)
-        if self.holds.active:  # a drain may begin a hold (an actor back from a restart, say)
-            self.holds.watch()
+        self._watch_holds()  # a drain may begin a hold (an actor back from a restart, say)
 
     def _hand_on(self, drained: list[_native.Decision], actor: int) -> None:
         """After a slot was freed: the queued calls it went to are sent from the loop thread, as
         is the drain a Python Balancer defers. Calls freed while a send is already on its way
         join it: one wake-up of the loop thread serves them all. A slot no queued call took may
         take the copy of a late hedged call; a hold may have begun."""
-        if self.holds.active:
-            self.holds.watch()
+        self._watch_holds()
         if drained:
             with self._outbox_lock:
                 self._outbox.extend(drained)
@@ -605,6 +716,12 @@ class Router:
             _loop.post(self._drain, actor)
         elif self.hedges.due:
             self.hedges.retry_soon()
+
+    def _watch_holds(self) -> None:
+        """After anything that may begin a hold: the hold timer is armed for the earliest."""
+        holds = self.holds
+        if holds.active and self.scheduler.hold_deadline_s() < holds.timer_at:
+            holds.watch()
 
     def _send_outbox(self) -> None:
         with self._outbox_lock:
@@ -652,16 +769,17 @@ class Router:
                     actor, task.started, ended, failed=failed, drain=self._drain_inline,
                     calls=len(calls), method=_method_of(calls), timed=timed and ran > 0)
             self._hand_on(drained, actor)
-            metrics, seconds = self.metrics, ended - task.started
+            counted: list[tuple[str, str]] = []  # each call's method and outcome, for metrics
             for index, (call, outcome) in enumerate(zip(calls, outcomes)):
                 call.outcome = outcome
                 settled_before = call.future.done()  # cancelled or timed out while it ran
                 self._settle(call, outcome, task, index, error)
-                if metrics is not None and outcome != SKIPPED:
-                    metrics.call_ended(call.method, _outcome_name(call, outcome, settled_before),
-                                       seconds)
+                if outcome != SKIPPED:
+                    counted.append((call.method, _outcome_name(call, outcome, settled_before)))
                 if call.future.done() and call.hedge is None:
                     call.args, call.kwargs = (), _NO_KWARGS
+            if self.metrics is not None:
+                self.metrics.task_ended(counted, ended - task.started)
         except BaseException as err:  # a bug here must not leave a call unsettled
             log.exception("actormesh: ending a task of %d calls failed", len(calls))
             for call in calls:

@@ -24,8 +24,7 @@ import ray
 from ray.exceptions import RayError
 
 from . import _calls, _loop, _ray
-from ._calls import Call, Router, read
-from ._result import Result
+from ._calls import Call, Result, Router, read
 from ._shape import IndexKey, Point, Selectable, Selection, Shape
 
 R = TypeVar("R")
@@ -73,10 +72,10 @@ class MeshFuture(Generic[R]):
         """Wait for the result; raise the call's error, or `TimeoutError` after `timeout` s
         (the call goes on)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self._combine is None and self._read is None and not self._future.done():
-            value = _calls.read_sent(self._calls[0], timeout)  # settles the future if it reads
-            if value is not _calls.NOT_READ:
-                self._provide(value)
+        if self._combine is None and self._read is None:
+            value: R = _calls.read_sent(self._calls[0], timeout)  # settles the future if read
+            if value is not _calls.NOT_READ and self._provide(value):
+                return value  # (the value every later reader gets)
         if not self._future.wait(_left(deadline)):
             raise TimeoutError(f"{self._label} did not finish within {timeout} s")
         result, mine = self._claim()
@@ -91,7 +90,13 @@ class MeshFuture(Generic[R]):
 
     async def _wait(self) -> R:
         if not self._future.done():
-            await _settled(self._future)
+            try:
+                await _settled(self._future)
+            except asyncio.CancelledError:
+                # As for an asyncio future: cancelling the awaiting task (`asyncio.wait_for`
+                # timing out, say) cancels the call. `asyncio.shield(future)` keeps it running.
+                self.cancel()
+                raise
         result, mine = self._claim()
         if mine and self._combine is None and self._future.exception() is None \
                 and _arrived(self._future.result()[0]):
@@ -115,12 +120,14 @@ class MeshFuture(Generic[R]):
         """No reader has claimed the result yet."""
         return self._read is None
 
-    def _provide(self, value: Any) -> None:
+    def _provide(self, value: Any) -> bool:
         """A value read for this single call elsewhere (`read_sent`, `am.get`): everybody's,
-        unless a reader has claimed the result first."""
-        result, mine = self._claim()
-        if mine:
-            result.set_result(value)
+        unless a reader has claimed the result first (then False)."""
+        with _lock:
+            if self._read is not None:
+                return False
+            self._read = Result.of(value)
+            return True
 
     def _fill(self, result: Result[Any]) -> None:
         """Read the values and combine them (once, for every reader)."""
@@ -140,14 +147,14 @@ class MeshFuture(Generic[R]):
 
     def _outcome(self, result: Result[Any]) -> R:
         """The value, or the error raised (returned, for one call, with `return_exceptions`)."""
-        error = result.exception()
-        if error is None:
+        try:
             value: R = result.result()
-            return value
-        if self._return_exceptions and self._combine is None \
-                and not isinstance(error, cf.CancelledError):
-            return error  # type: ignore[return-value]
-        raise error
+        except BaseException as error:
+            if self._return_exceptions and self._combine is None \
+                    and not isinstance(error, cf.CancelledError):
+                return error  # type: ignore[return-value]
+            raise
+        return value
 
     def done(self) -> bool:
         return self._future.done()
@@ -251,7 +258,6 @@ def _lane(router: Router) -> _loop.Lane:
 
 async def _settled(future: Result[Any]) -> None:
     """Wait, in the running event loop, until `future` is settled. Cancelling the waiting task
-    (e.g. `asyncio.wait_for` timing out) leaves `future` alone, other waiters may share it, and
     takes the waiter's callback back: nothing of it stays behind."""
     if future.done():
         return

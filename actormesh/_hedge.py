@@ -193,7 +193,7 @@ class Hedges:
             del self.due[call]
             return True
         assert call.target is not None
-        target = router.scheduler.hedge(call.target.group, call.actor, self._in_order)
+        target = router.scheduler.hedge(call.group, call.actor, self._in_order)
         if target < 0:
             return False
         del self.due[call]

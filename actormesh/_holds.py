@@ -27,7 +27,7 @@ class Holds:
         self._scheduler = scheduler
         self._send_drained = send_drained
         self.active = scheduler.may_hold  # a policy that never holds needs no timer
-        self._timer_at = math.inf
+        self.timer_at = math.inf  # when the armed timer fires (read without the lock: a hint)
         self._lock = threading.Lock()
         self.closed = False
 
@@ -35,18 +35,18 @@ class Holds:
         """Arm the timer for the scheduler's earliest hold, unless one that fires no later is
         armed already."""
         deadline = self._scheduler.hold_deadline_s()
-        if deadline >= self._timer_at:
+        if deadline >= self.timer_at:
             return
         with self._lock:
-            if deadline >= self._timer_at:
+            if deadline >= self.timer_at:
                 return
-            self._timer_at = deadline
+            self.timer_at = deadline
         _loop.call_later(max(deadline - time.perf_counter(), 0.0), self._expire)
 
     def _expire(self) -> None:
         """The calls held back for as long as it takes to serve one go to their actor."""
         with self._lock:
-            self._timer_at = math.inf
+            self.timer_at = math.inf
         if self.closed:
             return
         scheduler = self._scheduler

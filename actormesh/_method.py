@@ -24,10 +24,9 @@ import ray
 from typing_extensions import ParamSpec, Self
 
 from . import _hedge, _loop, _share
-from ._calls import Call, Router
+from ._calls import Call, Result, Router
 from ._future import MeshFuture, ValueMesh
 from ._map import MeshMap
-from ._result import Result
 from ._shape import Point, Shape
 from .dispatch import Dispatch
 
@@ -121,7 +120,7 @@ class MeshMethod(Generic[P, R_co]):
     """One method of the mesh's actor class, bound to a mesh: the verbs `all`, `choose`, `shard`."""
 
     __slots__ = ("_target", "_name", "_options", "_choose_label", "_alone", "_method_id",
-                 "_rides", "_hedge", "_arguments")
+                 "_rides", "_hedge", "_arguments", "_group")
 
     def __init__(self, target: Target, name: str, options: CallOptions, *,
                  alone: bool = False, arguments: Arguments | None = None) -> None:
@@ -135,6 +134,7 @@ class MeshMethod(Generic[P, R_co]):
         self._method_id = router.method_id(name, alone)
         self._rides = router.coalesces and not alone
         self._hedge = _hedge.check(options.hedge)
+        self._group = -1  # the view's group in the scheduler, once `choose` has needed it
 
     @property
     def name(self) -> str:
@@ -158,8 +158,10 @@ class MeshMethod(Generic[P, R_co]):
         router = target.router
         if router.closed:
             router.check_open(self._name)
-        call = Call(router, self._name, args, kwargs, target=target, key=options.affinity,
-                    retries=options.retries, method_id=self._method_id,
+        if self._group < 0:
+            self._group = target.group
+        call = Call(router, self._name, args, kwargs, target=target, group=self._group,
+                    key=options.affinity, retries=options.retries, method_id=self._method_id,
                     alone=not self._rides or _has_ref(args, kwargs), hedge=self._hedge)
         future: MeshFuture[R_co] = MeshFuture.of_call(
             call, self._choose_label, return_exceptions=options.return_exceptions)

@@ -81,8 +81,8 @@ class _Buckets:
 
 
 class MeshMetrics:
-    """The metrics of one mesh (one router): the call path reports each call's end and each
-    task sent; the failures' room each actor event; a timer on the loop thread exports them."""
+    """The metrics of one mesh (one router): the call path reports each task's end (its calls'
+    outcomes); the failures' room each actor event; a timer on the loop thread exports them."""
 
     def __init__(self, mesh_name: str, scheduler: _native.Scheduler | None = None) -> None:
         self.mesh_name = mesh_name
@@ -109,12 +109,17 @@ class MeshMetrics:
             buckets = self._seconds.setdefault(method, _Buckets(SECONDS))
         buckets.add(seconds)
 
-    def task_sent(self, method: str, calls: int) -> None:
-        """A Ray task carrying `calls` calls of `method` was sent."""
-        buckets = self._batches.get(method)
-        if buckets is None:
-            buckets = self._batches.setdefault(method, _Buckets(BATCH_CALLS))
-        buckets.add(calls)
+    def task_ended(self, calls: Sequence[tuple[str, str]], seconds: float) -> None:
+        """A Ray task ended after `seconds` (from its send): each of its calls' method and
+        outcome (one of OUTCOMES); the task counts as one of its first method's."""
+        for method, outcome in calls:
+            self.call_ended(method, outcome, seconds)
+        if calls:
+            method = calls[0][0]
+            buckets = self._batches.get(method)
+            if buckets is None:
+                buckets = self._batches.setdefault(method, _Buckets(BATCH_CALLS))
+            buckets.add(len(calls))
 
     def actor_event(self, event: str) -> None:
         """An actor of the mesh died, restarted, was ejected or readmitted."""

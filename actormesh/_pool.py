@@ -33,9 +33,8 @@ from ray.exceptions import RayActorError
 from . import _loop, _ray
 from ._balancer import Balancer, BalancerSpec, Policy
 from ._bulk import check_timeout
-from ._calls import Call
+from ._calls import Call, Result
 from ._mesh import ActorMesh
-from ._result import Result
 
 log = logging.getLogger("actormesh")
 

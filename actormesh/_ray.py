@@ -159,6 +159,13 @@ def get(refs: Any, timeout: float | None = None) -> Any:
         raise ray_failure("reading a value", err) from err
 
 
+def get_arrived(ref: Any, timeout: float | None) -> tuple[Any, bool]:
+    """`get(ref, timeout)` of one ref, and whether its value had arrived before the call (then
+    when it arrived is not known)."""
+    was_there = arrived(ref)
+    return get(ref, timeout), was_there
+
+
 def wait(refs: list[Any], num_returns: int, timeout: float | None) -> tuple[list[Any], list[Any]]:
     """`ray.wait`, refused with a `MeshError` when Ray is not running (where it would start a
     new cluster), and with Ray's `SystemExit` (Ray shutting down meanwhile) as a `MeshError`."""

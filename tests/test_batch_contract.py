@@ -4,6 +4,7 @@ with a call blocked on a signal, queueing the calls, then releasing the actors."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,6 +152,30 @@ def test_cancelling_every_call_of_a_running_task_stops_it_and_frees_its_slot(
         for future in futures:
             future.cancel()
         assert mesh.methods.cancelled_calls.choose().get(timeout=60) == 3  # the slot is free
+        assert mesh.load() == [0]
+
+
+def test_cancelling_the_task_that_awaits_a_call_cancels_the_call_in_its_actor(
+    ray_cluster: None,
+) -> None:
+    """As for an asyncio future (issue 33): `asyncio.wait_for` timing out cancels the call, and
+    an asyncio actor sees its coroutine cancelled; `asyncio.shield` keeps a call running."""
+    with am.ActorMesh(Gated, shape=1, num_cpus=0.1) as mesh:
+        never, later = signal(), signal()
+
+        async def impatient() -> None:
+            gated = mesh.methods.gate.choose(never)
+            waiters(never, 1)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(gated, 0.5)
+            shielded = mesh.methods.gate.choose(later)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(shielded), 0.5)
+            later.send.remote()
+            await shielded  # still running, and it ends
+
+        asyncio.run(impatient())
+        assert mesh.methods.cancelled_calls.choose().get(timeout=60) == 1
         assert mesh.load() == [0]
 
 

@@ -785,20 +785,39 @@ def test_calls_given_a_slot_just_before_shutdown_are_never_sent() -> None:
     assert h.scheduler.in_flight() == [0]
 
 
-def test_awaiting_with_a_timeout_leaves_nothing_behind() -> None:
-    """Issue 25, finding 10: every timed-out await left a callback on the call."""
+def test_an_await_that_times_out_cancels_the_call_and_leaves_nothing_behind() -> None:
+    """Issue 33: as for an asyncio future, cancelling the task that awaits a call (here
+    `asyncio.wait_for` timing out) cancels the call; issue 25, finding 10: nothing of the
+    waiter stays on the call."""
     h = Harness(1)
     future = h.method().choose(1)
 
     async def impatient() -> None:
-        for _ in range(2000):
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(future, 0.0001)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(future, 0.0001)
 
     asyncio.run(impatient())
     assert not future._calls[0].future._callbacks
-    h.finish_all(0, "late")
-    assert future.get(timeout=5) == "late"
+    with pytest.raises(cf.CancelledError):
+        future.get(timeout=5)
+    settle()
+    assert h.pending(0)[0].cancelled, "the call was cancelled where it runs"
+
+
+def test_a_shielded_await_that_times_out_leaves_the_call_running() -> None:
+    h = Harness(1)
+    future = h.method().choose(1)
+
+    async def patient() -> str:
+        for _ in range(200):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(future), 0.0001)
+        h.finish_all(0, "late")
+        value: str = await future
+        return value
+
+    assert asyncio.run(patient()) == "late"
+    assert not future._calls[0].future._callbacks
 
 
 # -- values are read and combined by their readers, never on the loop thread --------------------
