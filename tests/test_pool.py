@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import ray
-from workers import signal, wait_until, waiters
+from workers import killed, signal, wait_until, waiters
 
 import actormesh as am
 
@@ -361,7 +361,7 @@ def test_a_dead_actor_fails_its_call_and_the_survivors_keep_serving() -> None:
     for i in range(3):
         pool.submit(hold(sig), i)
     waiters(sig, 3)
-    ray.kill(actors[1])
+    killed(actors[1])  # dead before its call could end
     sig.send.remote()
     results, died = [], 0
     for _ in range(3):

@@ -286,3 +286,22 @@ class Plain:
     def hold(self, sig: Any) -> int:
         ray.get(sig.wait.remote())
         return self.tag
+
+
+def killed(actor: Any, timeout: float = 60.0) -> None:
+    """`ray.kill(actor)` and wait until Ray says it is dead (a kill is sent, not awaited: until
+    it lands, the actor may still finish a call)."""
+    ray.kill(actor)
+    probe = actor.__ray_ready__.remote()  # queued behind what the actor runs: fails once dead
+
+    def dead() -> bool:
+        try:
+            ray.get(probe, timeout=0.05)
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            return False
+        return False
+
+    wait_until(dead, timeout)
+
