@@ -87,8 +87,11 @@ Decision Scheduler::submit(int64_t group, std::optional<uint64_t> affinity, uint
   const uint32_t method_id = check_method(method);
   Group& g = groups_[id];
   if (g.live == 0) {
-    throw NoLiveActors("no live actor among the " + std::to_string(g.members.size()) +
-                       " actors of group " + std::to_string(id));
+    // A user reads this (am.NoLiveActorsError): no word of the scheduler's own (group, id).
+    const size_t n = g.members.size();
+    throw NoLiveActors(n == 1 ? std::string("no live actor to run the call: its one actor is dead")
+                              : "no live actor to run the call: all " + std::to_string(n) +
+                                    " actors it may go to are dead");
   }
   see_time(now_s);
   end_ejections(now_s);

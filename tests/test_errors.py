@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from workers import wait_until
 
 import actormesh as am
 
@@ -129,6 +130,18 @@ def test_wait_ready_raises_the_init_error_whole() -> None:
         with pytest.raises(am.ActorDiedError, match="FileNotFoundError") as info:
             broken.wait_ready(timeout=60)
         assert "/nope/model.bin" in str(info.value) and "\x1b[" not in str(info.value)
+
+
+def test_a_call_after_every_init_failed_says_no_live_actor_in_the_users_words() -> None:
+    with am.ActorMesh(Raiser, shape=2, args=("/nope/model.bin",), num_cpus=0.25) as broken:
+        with pytest.raises(am.ActorDiedError):
+            broken.wait_ready(timeout=60)
+        wait_until(lambda: broken.load().alive == [False, False])
+        with pytest.raises(am.NoLiveActorsError) as info:
+            broken.methods.value_error.choose(1).get(timeout=60)
+        text = str(info.value)
+        assert "no live actor to run the call: all 2 actors it may go to are dead" in text
+        assert "group" not in text
 
 
 def test_readers_waiting_when_ray_shuts_down_get_a_mesh_error_never_system_exit() -> None:
