@@ -17,9 +17,14 @@ import actormesh as am
 
 
 def main() -> None:
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    # Bundles alternate nodes, so rank order by node must regroup them.
-    nodes = {name: cluster.add_node(num_cpus=2, resources={name: 4}) for name in ("a", "b")}
+    # No dashboard: nothing here reads it, and on two cores its start-up is seconds.
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    # Bundles alternate nodes, so rank order by node must regroup them. Both nodes start at
+    # once; the mesh is made only when both have registered.
+    nodes = {name: cluster.add_node(wait=False, num_cpus=2, resources={name: 4})
+             for name in ("a", "b")}
+    cluster.wait_for_nodes(timeout=120)
     ray.init(address=cluster.address, log_to_driver=False)
     bundles = [{"CPU": 0.25, name: 1} for name in ("b", "a", "b", "a")]
     mesh = am.ActorMesh(Worker, shape=4, placement=am.Placement(bundles=bundles, strategy="SPREAD"))
