@@ -1,11 +1,9 @@
-"""The torch integration on real processes: gloo worlds of Ray actors, links, restarts, deaths."""
+"""The torch integration on real processes: gloo worlds of Ray actors, links, restarts, deaths.
+(The DDP example runs with the other examples, in tests/test_examples.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -27,8 +25,6 @@ from actormesh.integrations.torch._rendezvous import (
 from actormesh.integrations.torch._world import dim_groups
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
-
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +233,9 @@ def test_a_restarted_actor_reforms_the_world_its_groups_and_links_then_on_restar
 
 def test_a_collective_cut_by_a_death_fails_in_every_survivor() -> None:
     signal: Any = ray.remote(Signal).options(num_cpus=0).remote()
-    with TorchMesh(TorchWorker, 3, num_cpus=0.5, timeout_s=10) as doomed:
+    # A survivor whose ring peer is alive but has failed learns of the cut only at timeout_s:
+    # short, as the test waits it out, yet long enough to form the world on two loaded cores.
+    with TorchMesh(TorchWorker, 3, num_cpus=0.5, timeout_s=5) as doomed:
         doomed.wait_ready(timeout=180)
         cut = doomed[0:2].methods.sum_after_signal.options(return_exceptions=True).all(signal)
         ray.get(signal.wait_for.remote(2), timeout=60)  # both survivors are entering all_reduce
@@ -329,13 +327,3 @@ def test_a_new_epoch_supersedes_the_gathering_in_progress_without_inviting_its_w
 
     asyncio.run(scenario())
 
-
-# -- the example ----------------------------------------------------------------------------------
-def test_the_ddp_example_trains_and_keeps_the_ranks_identical() -> None:
-    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "torch_ddp.py")],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "RAY_ADDRESS": ""})
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()
-    assert lines[0] == "2 processes joined a gloo world"
-    assert lines[-1].endswith("parameters identical on every rank"), lines
