@@ -65,6 +65,7 @@ from ._requests import Generation, Sequence, check_prompt, check_sampling, group
 from ._sender import (
     DEFAULT_BUCKET_BYTES,
     Go,
+    Held,
     SendRequest,
     Sent,
     WeightPort,
@@ -219,8 +220,8 @@ class EnginePool:
         self._failovers = 0
         self._spec: WeightSpec | None = None
         # The weights every engine serves, where not the checkpoint's: name -> (sequence, ref
-        # of a safetensors blob holding it), the blobs in the object store, never on the driver.
-        self._kept: dict[str, tuple[int, ray.ObjectRef[bytes]]] = {}
+        # of a safetensors blob holding it, or a bucket the port holds), never on the driver.
+        self._kept: dict[str, tuple[int, ray.ObjectRef[bytes] | Held]] = {}
         self._kept_sequence = itertools.count()
         self._checkpoint: dict[str, Any] = {}  # checkpoint tensors read so far
         self._pool_id = uuid.uuid4().hex[:12]
@@ -458,11 +459,11 @@ class EnginePool:
         checkpoint's (read from an engine once, and cached). Read on the driver: for the
         members that complete a partial update, and to undo a failed one."""
         out: dict[str, Any] = {}
-        by_copy: dict[Any, list[str]] = {}
+        by_copy: dict[ray.ObjectRef[bytes] | Held, list[str]] = {}
         for name in sorted(names & set(self._kept)):
             by_copy.setdefault(self._kept[name][1], []).append(name)
-        for ref, wanted in by_copy.items():
-            tensors = _weights.unpack(await ref)
+        for kept, wanted in by_copy.items():
+            tensors = _weights.unpack(await (await self._blob(kept)))
             out.update({n: tensors[n] for n in wanted})
         unread = sorted(names - set(self._kept) - set(self._checkpoint))
         if unread:
@@ -470,6 +471,13 @@ class EnginePool:
             self._checkpoint.update(_weights.unpack(blob))
         out.update({n: self._checkpoint[n] for n in names - set(self._kept)})
         return out
+
+    async def _blob(self, kept: ray.ObjectRef[bytes] | Held) -> ray.ObjectRef[bytes]:
+        """A kept blob as an ObjectRef (the port puts a bucket it holds)."""
+        if not isinstance(kept, Held):
+            return kept
+        refs: list[ray.ObjectRef[bytes]] = await self._port.blob.remote(kept.key)
+        return refs[0]
 
     async def _completion(self, names: set[str], spec: WeightSpec,
                           timeout: float) -> tuple[set[str], ray.ObjectRef[bytes] | None]:
@@ -508,7 +516,21 @@ class EnginePool:
         async def keep() -> dict[str, Any]:
             return {**dict.fromkeys(missing, extra), **dict.fromkeys(names, ref)}
 
-        return await self._transact(ticket, names | missing, load, keep, spec, timeout)
+        try:
+            return await self._transact(ticket, names | missing, load, keep, spec, timeout)
+        finally:
+            await self._let_go()
+
+    async def _let_go(self) -> None:
+        """Have the port hold only the buckets the pool keeps (not those an update replaced, or
+        a failed send's)."""
+        if self._port is None:
+            return
+        try:
+            await self._port.retain.remote([k.key for _, k in self._kept.values()
+                                            if isinstance(k, Held)])
+        except Exception as err:  # noqa: BLE001 - the port is gone: the pool is closing
+            log.warning("the weight port could not let go of replaced weights: %s", err)
 
     async def _open_port(self) -> Any:
         """The pool's `WeightPort`, started (with the task that serves it) on first use."""
@@ -558,10 +580,14 @@ class EnginePool:
         key = (request.host, request.port, request.backend, timeout, members)
         if self._formation is None or self._formation[0] != key:
             self._formation = (key, Formation(uuid.uuid4().hex[:12], request.host, request.port,
-                                              members, request.backend, timeout))
+                                              members, request.backend, timeout,
+                                              keeper=request.backend == "gloo"))
         formation = self._formation[1]
+        keeping: list[Any] = []  # the port's receive, where it keeps the weights
 
         async def load(ranks: list[int]) -> list[Any]:
+            if formation.keeper:
+                keeping.append(port.keep.remote(request.id, formation))
             await port.go.remote(request.id, Go(formation, ticket))
             return await self._on_engines(ranks, "receive_weights", timeout, formation,
                                           [] if extra is None else [extra], ticket)
@@ -572,7 +598,11 @@ class EnginePool:
                 raise TimeoutError(f"the sender did not report within {timeout} s")
             if sent.error:
                 raise RuntimeError(f"the sender failed: {sent.error}")
-            copies = {name: ref for names_in, ref in sent.copies for name in names_in}
+            copies: dict[str, ray.ObjectRef[bytes] | Held] = {
+                name: ref for names_in, ref in sent.copies for name in names_in}
+            if keeping:
+                held = await asyncio.wait_for(keeping[0], timeout)
+                copies = {name: Held(key) for key, names_in in held for name in names_in}
             return {**dict.fromkeys(missing, extra), **copies}
 
         try:
@@ -580,6 +610,8 @@ class EnginePool:
         except BaseException:
             self._formation = None  # the engines dropped a group a transfer failed on
             raise
+        finally:
+            await self._let_go()
 
     async def _transact(self, ticket: int, names: set[str],
                         load: Callable[[list[int]], Coroutine[Any, Any, list[Any]]],
@@ -689,8 +721,9 @@ class EnginePool:
         async with self._control:
             self._stopped.discard(view.points[0].rank)
             self._formation = None  # the new process is in no sender's group
-            copies = {ref: sequence for sequence, ref in self._kept.values()}
-            blobs: list[Blob] = [ref for ref in sorted(copies, key=copies.__getitem__)]
+            copies = {kept: sequence for sequence, kept in self._kept.values()}
+            blobs: list[Blob] = [await self._blob(kept)
+                                 for kept in sorted(copies, key=copies.__getitem__)]
             # (oldest first: a newer blob's value of a name wins)
             await view.methods.restore.options(timeout=self._timeout_s).all(
                 self.weight_version, self._paused, blobs)

@@ -15,15 +15,18 @@ engine, commit or undo, resume); the sender and the pool meet at the pool's `Wei
     check names, shapes, devices
     submit(request) ─────────────▶  queue  ─────────────────────▶  ticket, pause ("keep")
     ◀───────────────────────────── go (formation) ◀─────────────── engines: receive_weights
-    join the group, broadcast each                                 (join, receive, load)
-    bucket, put a copy of it
-    sent(copies) ────────────────▶  ────────────────────────────▶  every engine loaded and the
-    ◀───────────────────────────── the version, or the error ◀──── copies kept: commit; else
-                                                                   undo; resume; finish
+    join the group, broadcast       keep: join, receive, hold      (join, receive, load)
+    each bucket
+    sent() ──────────────────────▶  ────────────────────────────▶  every engine loaded and the
+    ◀───────────────────────────── the version, or the error ◀──── port holds the blobs:
+                                                                   commit; else undo; resume
 
-The copies (one object per bucket, put by the sender and copied again by a task of the port, so
-that the port owns them and they outlive the sender) are what the pool keeps: a restarted engine
-is restored from them, and a partial update completed.
+The port is the last rank of a gloo group: it receives the buckets with the engines and holds
+them in its own memory, the copy of the weights the pool keeps (a restarted engine is restored
+from it, a partial update completed, a failed one undone); it puts a blob in the object store
+only when one is asked for. Keeping costs no copy in the sender, no object-store space, and
+outlives the sender. An nccl group has GPUs only: there the sender puts a copy of each bucket,
+which a task of the port copies again so that the port owns it.
 """
 
 from __future__ import annotations
@@ -81,19 +84,33 @@ class Go:
 
 @dataclasses.dataclass(frozen=True)
 class Sent:
-    """What the sender reports once its stream ended: the copies it put, or what failed."""
+    """What the sender reports once its stream ended: the copies it put (nccl), or what
+    failed."""
 
-    copies: tuple[tuple[tuple[str, ...], ray.ObjectRef[bytes]], ...]
+    copies: tuple[tuple[tuple[str, ...], ray.ObjectRef[bytes]], ...] = ()
     error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A bucket the pool's port holds in its memory (`key`): kept weights, like an ObjectRef
+    of a blob; `WeightPort.blob` puts it in the object store when it is needed."""
+
+    key: str
+
+
+_KEEPER = "keeper"
+"""The role of the port's group in `_transfer`."""
 
 
 class WeightPort:
     """Where senders meet their pool (an async actor of 0 CPUs that the pool owns): it queues
-    send requests for the pool's loop, carries the answers back, and owns the copies senders
-    put (copied again: the sender's own go with its process). One send at a time: a second one
-    while a send is under way is refused."""
+    send requests for the pool's loop, carries the answers back, and keeps the weights sent
+    (it receives them as the last rank of a gloo group; over nccl it owns copies of the blobs
+    senders put). One send at a time: a second one while a send is under way is refused."""
 
     def __init__(self) -> None:
+        self._held: dict[str, Any] = {}  # Held.key -> a blob (uint8 tensor) received
         self._queue: asyncio.Queue[SendRequest] = asyncio.Queue()
         self._active: str | None = None
         self._abandoned: set[str] = set()
@@ -141,7 +158,7 @@ class WeightPort:
     async def _owned(sent: Sent) -> Sent:
         """`sent` with each copy made again by a task of this actor: a task's value is owned by
         its caller. The bytes never enter this process."""
-        if sent.error:
+        if sent.error or not sent.copies:
             return sent
         copies = tuple((names, _own.remote(ref)) for names, ref in sent.copies)
         refs = [ref for _, ref in copies]
@@ -150,6 +167,40 @@ class WeightPort:
             return Sent(copies)
         except Exception as err:  # noqa: BLE001 - the pool undoes the update
             return Sent((), f"keeping a copy of the weights failed: {err}")
+
+    # -- the keeper -----------------------------------------------------------------------------
+    async def keep(self, request_id: str, formation: Formation) -> list[tuple[str, list[str]]]:
+        """Join the send's group as its keeper and hold every bucket the sender broadcasts;
+        answer with each bucket's key and names once the stream ended (raises if it broke)."""
+
+        def receive() -> list[Any]:
+            try:
+                group = _transfer.join(_KEEPER, formation, formation.keeper_rank)
+                return list(_transfer.receive_blobs(group, "cpu"))
+            except BaseException:
+                _transfer.drop(_KEEPER, formation.id)
+                raise
+
+        blobs = await asyncio.to_thread(receive)
+        out = []
+        for i, blob in enumerate(blobs):
+            key = f"{request_id}.{i}"
+            self._held[key] = blob
+            out.append((key, list(_transfer.header(blob)[1])))
+        return out
+
+    async def blob(self, key: str) -> list[ray.ObjectRef[bytes]]:
+        """A held bucket put in the object store (owned by this port), inside a list."""
+        held = self._held.get(key)
+        if held is None:
+            raise KeyError(f"the weight port holds no bucket {key!r}")
+        return [ray.put(held.numpy().tobytes())]
+
+    async def retain(self, keys: list[str]) -> None:
+        """Hold only the buckets of `keys` (those the pool keeps) from now on."""
+        wanted = set(keys)
+        for key in [k for k in self._held if k not in wanted]:
+            del self._held[key]
 
     # -- the pool's side ------------------------------------------------------------------------
     async def take(self, wait_s: float) -> SendRequest | None:
@@ -284,16 +335,19 @@ class WeightSender:
 
     def _stream(self, formation: Formation, store: TCPStore,
                 tensors: list[tuple[str, Any]]) -> Sent:
-        """Broadcast every bucket over the formation's group, putting a copy of each; what the
-        pool is told. A failure drops the group (the engines' receives fail with it)."""
+        """Broadcast every bucket over the formation's group (putting a copy of each where no
+        keeper receives them); what the pool is told. A failure drops the group (the
+        receivers' receives fail with it)."""
         role = f"sender.{self._pool_id}"
         device = _device(formation.backend)
         copies = []
         try:
             group = _transfer.join(role, formation, 0, store)
-            for names, blob in _transfer.pack(tensors, self._spec.dtypes, self._bucket_bytes):
-                _transfer.send_bucket(group, blob, device)
-                copies.append((tuple(names), ray.put(blob)))
+            for bucket in _transfer.buckets(tensors, self._spec.dtypes, self._bucket_bytes,
+                                            device):
+                _transfer.send_bucket(group, bucket, device)
+                if not formation.keeper:
+                    copies.append((tuple(n for n, _ in bucket), ray.put(_transfer.blob(bucket))))
             _transfer.send_end(group, device)
         except Exception as err:  # noqa: BLE001 - reported to the pool, which undoes the update
             _transfer.drop(role)

@@ -1,19 +1,22 @@
 """Tensors over one collective group, from a sender's process to every engine worker.
 
-A send is a stream of buckets. A bucket is one safetensors blob (whole tensors, cast to the
-checkpoint's dtypes, at most `bucket_bytes` unless one tensor is larger), broadcast from group
-rank 0 (the sender) as a uint8 tensor after its length; a length of 0 ends the stream.
-Receivers read the tensors out of the received buffer without a copy, one bucket at a time, so
-a send holds one bucket in flight however large the model.
+A send is a stream of buckets. A bucket is a safetensors blob (whole tensors, cast to the
+checkpoint's dtypes, at most `bucket_bytes` of tensor data unless one tensor is larger) that
+the sender never builds: it broadcasts from group rank 0 the blob's header (after its two
+lengths), then each tensor straight from its own memory; receivers allocate the blob once and
+receive each tensor into its place in it. Lengths of 0 end the stream. Engines read the tensors
+out of the received blob without a copy, one bucket at a time, so a receiver holds one bucket in
+flight however large the model, and the sender copies nothing it need not cast.
 
 The group is a bare `ProcessGroupGloo` (CPU tensors) or `ProcessGroupNCCL` (CUDA tensors) on a
 `PrefixStore` of a `TCPStore` that the sender binds on a port the kernel picks: it belongs to no
 torch world, so it never meets vLLM's own groups or the groups of a trainer's `TorchMesh`. Each
 formation has an id; a process keeps one group per role and drops it when another formation
-replaces it or a transfer on it fails (a failed collective leaves a group unusable).
+replaces it or a transfer on it fails (a failed collective leaves a group unusable). A gloo
+formation has a keeper as its last rank: the pool's port, which keeps the blobs it receives.
 
 Everything here runs in the sender's and the receivers' processes (engine workers, fake
-engines), never on the driver.
+engines, the port), never on the driver.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import datetime
 import json
 import struct
 import threading
-import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,7 @@ BACKENDS = ("gloo", "nccl")
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
                        "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
                        "U8": "uint8", "BOOL": "bool"}
+_SAFETENSORS_NAMES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +53,14 @@ class Formation:
     members: tuple[int, ...]  # engine ranks
     backend: str
     timeout_s: float
+    keeper: bool = False  # the pool's port receives too, as the last rank (gloo only)
 
     @property
     def size(self) -> int:
+        return len(self.members) + 1 + self.keeper
+
+    @property
+    def keeper_rank(self) -> int:
         return len(self.members) + 1
 
     def rank_of(self, engine: int) -> int:
@@ -65,7 +73,7 @@ class Formation:
     def from_wire(cls, raw: dict[str, Any]) -> Formation:
         return cls(str(raw["id"]), str(raw["host"]), int(raw["port"]),
                    tuple(int(m) for m in raw["members"]), str(raw["backend"]),
-                   float(raw["timeout_s"]))
+                   float(raw["timeout_s"]), bool(raw.get("keeper", False)))
 
 
 # -- groups, one per role and process ---------------------------------------------------------
@@ -100,12 +108,15 @@ def join(role: str, formation: Formation, rank: int, store: TCPStore | None = No
     return group
 
 
-def drop(role: str) -> None:
-    """Forget this process's group of `role` (its sockets close with it)."""
+def drop(role: str, formation_id: str | None = None) -> None:
+    """Forget this process's group of `role` (its sockets close with it); with `formation_id`,
+    only if it is that formation's (a late failure must not drop the group that replaced it)."""
     with _lock:
-        held = _groups.pop(role, None)
-    if held is not None:
-        held[1].shutdown()
+        held = _groups.get(role)
+        if held is None or formation_id not in (None, held[0]):
+            return
+        del _groups[role]
+    held[1].shutdown()
 
 
 def formed(role: str) -> str | None:
@@ -125,24 +136,45 @@ def dtype_of(name: str) -> torch.dtype:
     return dtype
 
 
-def pack(tensors: Iterable[tuple[str, Any]], dtypes: dict[str, str],
-         bucket_bytes: int) -> Iterator[tuple[list[str], bytes]]:
-    """Safetensors blobs of at most `bucket_bytes` of tensor data each (a larger tensor goes
-    alone), each tensor cast to `dtypes[name]` on the CPU; yields (names, blob) lazily."""
-    from safetensors.torch import save
-
-    bucket: dict[str, torch.Tensor] = {}
+def buckets(tensors: Iterable[tuple[str, Any]], dtypes: dict[str, str], bucket_bytes: int,
+            device: str = "cpu") -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The tensors in buckets of at most `bucket_bytes` of data (a larger tensor goes alone),
+    each cast to `dtypes[name]` on `device` and contiguous (no copy where it already is);
+    lazily, so that a cast copy lives no longer than its bucket."""
+    bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
-    for name, tensor in tensors:
-        cpu = as_tensor(tensor).detach().to("cpu", dtype_of(dtypes[name])).contiguous()
-        nbytes = cpu.numel() * cpu.element_size()
+    for name, value in tensors:
+        tensor = as_tensor(value).detach().to(device, dtype_of(dtypes[name])).contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
         if bucket and size + nbytes > bucket_bytes:
-            yield list(bucket), bytes(save(bucket))
-            bucket, size = {}, 0
-        bucket[name] = cpu
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
         size += nbytes
     if bucket:
-        yield list(bucket), bytes(save(bucket))
+        yield bucket
+
+
+def layout(bucket: list[tuple[str, torch.Tensor]]) -> tuple[bytes, list[torch.Tensor]]:
+    """A bucket's safetensors header (its length first, padded to 8 bytes) and its tensors in
+    the order of their data, widest dtype first, so that every tensor is aligned."""
+    ordered = sorted(bucket, key=lambda item: -item[1].element_size())
+    meta: dict[str, Any] = {}
+    offset = 0
+    for name, tensor in ordered:
+        nbytes = tensor.numel() * tensor.element_size()
+        meta[name] = {"dtype": _SAFETENSORS_NAMES[str(tensor.dtype).removeprefix("torch.")],
+                      "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw, [tensor for _, tensor in ordered]
+
+
+def blob(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
+    """The bucket as safetensors bytes (the blob its receivers get), on the CPU."""
+    head, tensors = layout(bucket)
+    return head + b"".join(_as_bytes(t).cpu().numpy().tobytes() for t in tensors)
 
 
 def as_tensor(value: Any) -> torch.Tensor:
@@ -158,15 +190,21 @@ def as_tensor(value: Any) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def header(buffer: torch.Tensor) -> tuple[int, dict[str, Any]]:
+    """Where the data of a safetensors blob (held in a uint8 tensor) starts, and its tensors'
+    entries in the order of their data."""
+    header_len = struct.unpack("<Q", bytes(buffer[:8].cpu().numpy()))[0]
+    entries = json.loads(bytes(buffer[8:8 + header_len].cpu().numpy()))
+    entries.pop("__metadata__", None)
+    ordered = dict(sorted(entries.items(), key=lambda item: item[1]["data_offsets"][0]))
+    return 8 + header_len, ordered
+
+
 def read(buffer: torch.Tensor) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors blob held in a uint8 tensor, as views of it (no copy)."""
-    header_len = struct.unpack("<Q", bytes(buffer[:8].cpu().numpy()))[0]
-    header = json.loads(bytes(buffer[8:8 + header_len].cpu().numpy()))
-    base = 8 + header_len
+    base, entries = header(buffer)
     out: dict[str, torch.Tensor] = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
+    for name, meta in entries.items():
         start, end = meta["data_offsets"]
         dtype = dtype_of(_SAFETENSORS_DTYPES[meta["dtype"]])
         out[name] = buffer[base + start:base + end].view(dtype).view(meta["shape"])
@@ -174,36 +212,58 @@ def read(buffer: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 # -- the stream -------------------------------------------------------------------------------
-def send_bucket(group: Backend, blob: bytes, device: str) -> None:
-    """Broadcast one blob from rank 0 (its length first)."""
+def send_bucket(group: Backend, bucket: list[tuple[str, torch.Tensor]], device: str) -> None:
+    """Broadcast one bucket from rank 0: the lengths of its header and data, the header, then
+    each tensor from its own memory (tensors on `device`)."""
     import torch
 
-    _broadcast(group, torch.tensor([len(blob)], dtype=torch.int64, device=device))
-    with warnings.catch_warnings():  # the root only reads the blob: it need not be writable
-        warnings.simplefilter("ignore", UserWarning)
-        data = torch.frombuffer(blob, dtype=torch.uint8)
-    _broadcast(group, data if device == "cpu" else data.to(device))
+    head, tensors = layout(bucket)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    _broadcast(group, torch.tensor([len(head), nbytes], dtype=torch.int64, device=device))
+    _broadcast(group, torch.frombuffer(bytearray(head), dtype=torch.uint8).to(device))
+    for tensor in tensors:
+        if tensor.numel():
+            _broadcast(group, _as_bytes(tensor))
 
 
 def send_end(group: Backend, device: str) -> None:
     import torch
 
-    _broadcast(group, torch.zeros(1, dtype=torch.int64, device=device))
+    _broadcast(group, torch.zeros(2, dtype=torch.int64, device=device))
+
+
+def receive_blobs(group: Backend, device: str) -> Iterator[torch.Tensor]:
+    """The buckets rank 0 broadcasts, each as one safetensors blob in a uint8 tensor, until
+    it ends the stream."""
+    import torch
+
+    while True:
+        lengths = torch.zeros(2, dtype=torch.int64, device=device)
+        _broadcast(group, lengths)
+        head_len, nbytes = (int(n) for n in lengths.tolist())
+        if head_len == 0:
+            return
+        buffer = torch.empty(head_len + nbytes, dtype=torch.uint8, device=device)
+        _broadcast(group, buffer[:head_len])
+        base, entries = header(buffer)
+        for meta in entries.values():
+            start, end = meta["data_offsets"]
+            if end > start:
+                _broadcast(group, buffer[base + start:base + end])
+        yield buffer
 
 
 def receive(group: Backend, device: str) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors rank 0 broadcasts, bucket by bucket, until it ends the stream."""
+    for buffer in receive_blobs(group, device):
+        yield from read(buffer).items()
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's memory as a flat uint8 tensor (a view: no copy)."""
     import torch
 
-    while True:
-        length = torch.zeros(1, dtype=torch.int64, device=device)
-        _broadcast(group, length)
-        nbytes = int(length.item())
-        if nbytes == 0:
-            return
-        buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        _broadcast(group, buffer)
-        yield from read(buffer).items()
+    return tensor.reshape(-1).view(torch.uint8)
 
 
 def _broadcast(group: Any, tensor: torch.Tensor) -> None:  # Backend: untyped in torch's stubs
