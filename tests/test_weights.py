@@ -252,6 +252,49 @@ def test_an_object_ref_update_is_read_and_packed_off_the_driver(
         pool.update_weights(ray.put({"lm_head.wieght": weights["lm_head.weight"]})).get(timeout=60)
 
 
+def test_a_bucket_reaches_each_receiver_as_the_safetensors_blob_of_its_tensors() -> None:
+    """The sender broadcasts a bucket tensor by tensor from their own memory; an engine gets the
+    tensors, the keeper the blob, which safetensors reads back."""
+    import datetime
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import load
+    from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+    from actormesh.integrations.vllm import _transfer
+
+    tensors = [("a", torch.randn(3, 5, dtype=torch.bfloat16)), ("b", torch.randn(7)),
+               ("c", torch.zeros(0)), ("d", torch.arange(6).reshape(2, 3))]
+    dtypes = {"a": "bfloat16", "b": "float32", "c": "float32", "d": "int64"}
+    buckets = list(_transfer.buckets(tensors, dtypes, 40))
+    assert [[name for name, _ in b] for b in buckets] == [["a"], ["b", "c"], ["d"]]
+    timeout = datetime.timedelta(seconds=30)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    got: dict[int, Any] = {}
+
+    def receiver(rank: int) -> None:
+        client = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timeout)
+        group = dist.ProcessGroupGloo(PrefixStore("t", client), rank, 3, timeout)
+        got[rank] = (dict(_transfer.receive(group, "cpu")) if rank == 1 else
+                     [b.numpy().tobytes() for b in _transfer.receive_blobs(group, "cpu")])
+
+    threads = [threading.Thread(target=receiver, args=(rank,)) for rank in (1, 2)]
+    for thread in threads:
+        thread.start()
+    root = dist.ProcessGroupGloo(PrefixStore("t", store), 0, 3, timeout)
+    for bucket in buckets:
+        _transfer.send_bucket(root, bucket, "cpu")
+    _transfer.send_end(root, "cpu")
+    for thread in threads:
+        thread.join(timeout=30)
+    assert all(torch.equal(got[1][name], tensor) for name, tensor in tensors)
+    assert got[2] == [_transfer.blob(b) for b in buckets]
+    assert all(torch.equal(load(blob)[name], tensor)
+               for blob, bucket in zip(got[2], buckets) for name, tensor in bucket)
+
+
 def test_a_send_without_a_live_engine_is_refused() -> None:
     with EnginePool("fake", 1, engine_cls=FakeEngine, num_cpus=0.25) as lonely:
         lonely.wait_ready(timeout=120)
