@@ -53,9 +53,9 @@ class _Buckets:
         self.total = 0.0
         self.exported = [0] * (len(bounds) + 1)
 
-    def add(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
+    def add(self, value: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.total += value * times
 
     def unexported(self) -> list[tuple[float, int]]:
         """(a value inside the bucket, how many observations to give Ray) for each bucket that
@@ -99,27 +99,31 @@ class MeshMetrics:
         self._timer = _loop.call_later(FLUSH_S, _flush_weakly, weakref.ref(self))
 
     # -- the call path: a few dict operations, no lock, no call into Ray ----------------------
-    def call_ended(self, method: str, outcome: str, seconds: float) -> None:
-        """A call of `method` ended with `outcome` (one of OUTCOMES) after `seconds`."""
+    def call_ended(self, method: str, outcome: str, seconds: float, times: int = 1) -> None:
+        """`times` calls of `method` ended with `outcome` (one of OUTCOMES) after `seconds`."""
         calls = self._calls
         key = (method, outcome)
-        calls[key] = calls.get(key, 0) + 1
+        calls[key] = calls.get(key, 0) + times
         buckets = self._seconds.get(method)
         if buckets is None:
             buckets = self._seconds.setdefault(method, _Buckets(SECONDS))
-        buckets.add(seconds)
+        buckets.add(seconds, times)
 
     def task_ended(self, calls: Sequence[tuple[str, str]], seconds: float) -> None:
         """A Ray task ended after `seconds` (from its send): each of its calls' method and
         outcome (one of OUTCOMES); the task counts as one of its first method's."""
-        for method, outcome in calls:
-            self.call_ended(method, outcome, seconds)
-        if calls:
-            method = calls[0][0]
-            buckets = self._batches.get(method)
-            if buckets is None:
-                buckets = self._batches.setdefault(method, _Buckets(BATCH_CALLS))
-            buckets.add(len(calls))
+        if not calls:
+            return
+        first, count = calls[0], len(calls)
+        if calls.count(first) == count:  # the usual task: counted once, not call by call
+            self.call_ended(*first, seconds, count)
+        else:
+            for method, outcome in calls:
+                self.call_ended(method, outcome, seconds)
+        buckets = self._batches.get(first[0])
+        if buckets is None:
+            buckets = self._batches.setdefault(first[0], _Buckets(BATCH_CALLS))
+        buckets.add(count)
 
     def actor_event(self, event: str) -> None:
         """An actor of the mesh died, restarted, was ejected or readmitted."""
@@ -154,16 +158,22 @@ class MeshMetrics:
         return sum(scheduler.in_flight()), scheduler.queued()
 
     def _note_ejections(self) -> None:
-        """Ejections happen in the native scheduler: count them by its flags as they change."""
+        """Ejections happen in the native scheduler: count and log them by its flags as they
+        change (seen at the next export or `stats()`, within `FLUSH_S`)."""
         if self._scheduler is None:
             return
         now = self._scheduler.ejected()
         before = self._ejected or [False] * len(now)
-        for was, is_ in zip(before, now):
+        for rank, (was, is_) in enumerate(zip(before, now)):
             if is_ and not was:
                 self._events["ejected"] += 1
+                log.warning("actormesh: %s: rank %d was ejected: its last calls failed in a "
+                            "row, so it is passed over while another actor can take them",
+                            self.mesh_name, rank)
             elif was and not is_:
                 self._events["readmitted"] += 1
+                log.info("actormesh: %s: rank %d is routed to again after an ejection",
+                         self.mesh_name, rank)
         self._ejected = now
 
     # -- export -------------------------------------------------------------------------------

@@ -1,14 +1,21 @@
 """A mesh's metrics reach Prometheus through Ray's metrics agent, with the names and tags of
-DESIGN.md "Observability", and `mesh.stats()` holds the same figures."""
+DESIGN.md "Observability", and `mesh.stats()` holds the same figures; deaths, restarts and
+ejections are logged at WARNING on the `actormesh` logger."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 
 import pytest
+import ray
+from workers import Worker, wait_until
+
+import actormesh as am
+from actormesh._metrics import MeshMetrics
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics_export.py")
 
@@ -41,3 +48,57 @@ def test_calls_actor_events_and_gauges_reach_prometheus_tagged_with_the_mesh_nam
     assert value("ray_actormesh_batch_calls_count{", 'method="f"') >= 1
     assert value("ray_actormesh_in_flight{") == 0
     assert value("ray_actormesh_queued{") == 0
+
+
+def test_each_call_of_a_task_is_counted_with_the_tasks_duration() -> None:
+    metrics = MeshMetrics("counted")
+    try:
+        metrics.task_ended([("f", "ok")] * 3, 0.002)
+        metrics.task_ended([("f", "ok"), ("f", "error"), ("g", "ok")], 0.02)
+        stats = metrics.stats()
+    finally:
+        metrics.close()
+    assert stats["calls"]["f"] == {"ok": 4, "error": 1, "cancelled": 0, "timeout": 0, "lost": 0}
+    assert stats["calls"]["g"]["ok"] == 1
+    assert stats["call_seconds"]["f"]["count"] == 5
+    assert stats["call_seconds"]["f"]["sum"] == pytest.approx(3 * 0.002 + 2 * 0.02)
+    assert stats["call_seconds"]["f"]["buckets"]["0.003"] == 3
+    assert stats["batch_calls"]["f"]["count"] == 2  # a task counts under its first method
+    assert "g" not in stats["batch_calls"]
+
+
+def warned(caplog: pytest.LogCaptureFixture, *parts: str) -> bool:
+    """Whether the `actormesh` logger said, at WARNING, one line holding every part."""
+    return any(r.name == "actormesh" and r.levelno == logging.WARNING
+               and all(p in r.getMessage() for p in parts) for r in caplog.records)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_death_and_the_restart_are_logged_at_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="actormesh"), \
+            am.ActorMesh(Worker, shape=1, num_cpus=0.1, max_restarts=1) as mesh:
+        mesh.wait_ready(timeout=60)
+        ray.kill(mesh.actors[0], no_restart=False)
+        wait_until(lambda: warned(caplog, "Worker: rank 0", "is back after a restart"))
+        assert warned(caplog, "Worker: rank 0", "died; Ray is restarting it")
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_actor_killed_for_good_is_logged_at_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="actormesh"), \
+            am.ActorMesh(Worker, shape=1, num_cpus=0.1) as mesh:
+        mesh.wait_ready(timeout=60)
+        ray.kill(mesh.actors[0], no_restart=True)
+        wait_until(lambda: warned(caplog, "Worker: rank 0", "died and will not be restarted"))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_ejection_is_logged_at_warning(caplog: pytest.LogCaptureFixture) -> None:
+    policy = am.Policy(eject_after=5, eject_base_s=60.0, eject_max_s=60.0)
+    with caplog.at_level(logging.WARNING, logger="actormesh"), \
+            am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=policy) as mesh:
+        failing = mesh[0:1].methods.fail_on.options(return_exceptions=True)
+        for _ in range(5):  # one at a time: five failures in a row
+            assert isinstance(failing.choose(0, 0.0).get(timeout=60), am.ActorError)
+        wait_until(lambda: warned(caplog, "Worker: rank 0 was ejected"))
+        assert mesh.stats()["actor_events"]["ejected"] == 1

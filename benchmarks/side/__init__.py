@@ -58,6 +58,7 @@ SIDE: dict[str, Side] = {
     "async_trainer": Side("async_trainer", "Async trainer against the synchronous loop"),
     "pool_map": Side("pool_map", "am.ActorPool against ray.util.ActorPool: a straggler, a kill"),
     "weights": Side("weights", "Weights from a trainer actor into 2 vLLM engines"),
+    "metrics_cost": Side("metrics_cost", "What a mesh's metrics cost tiny calls"),
 }
 
 
