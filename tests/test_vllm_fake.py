@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import contextlib
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from workers import Signal, wait_until, waiters
 import actormesh as am
 from actormesh.integrations.trainer import AsyncTrainer, RolloutError
 from actormesh.integrations.vllm import EnginePool, FakeEngine, Piece, WeightUpdateError
+from actormesh.integrations.vllm import _engine as engine_mod
 from actormesh.integrations.vllm import _weights as weights_mod
 from actormesh.integrations.vllm._requests import (
     Sequence,
@@ -503,6 +505,25 @@ def test_vllm_engine_arguments_are_checked_on_the_driver(tmp_path: Any) -> None:
         EnginePool(str(tmp_path), engine_args={"model": "other"})
     with pytest.raises(ValueError, match="no such directory"):
         EnginePool(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("ray_metrics", [True, False], ids=["with Ray Serve", "without"])
+def test_vllm_engines_export_vllms_own_metrics_through_ray_unless_switched_off(
+        monkeypatch: pytest.MonkeyPatch, ray_metrics: bool) -> None:
+    class RayPrometheusStatLogger:  # stands for vLLM's, without importing vLLM and torch
+        pass
+
+    wrappers = types.ModuleType("vllm.v1.metrics.ray_wrappers")
+    wrappers.RayPrometheusStatLogger = RayPrometheusStatLogger  # type: ignore[attr-defined]
+    wrappers.ray_metrics = object() if ray_metrics else None  # type: ignore[attr-defined]
+    metrics = types.ModuleType("vllm.v1.metrics")
+    metrics.ray_wrappers = wrappers  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, metrics.__name__, metrics)
+    monkeypatch.setitem(sys.modules, wrappers.__name__, wrappers)
+    counts = engine_mod._SchedulerCounts()
+    exported = [RayPrometheusStatLogger] if ray_metrics else []
+    assert engine_mod.stat_loggers({}, counts) == [counts.factory, *exported]
+    assert engine_mod.stat_loggers({"disable_log_stats": True}, counts) == [counts.factory]
 
 
 def test_importing_the_integration_imports_neither_vllm_nor_torch() -> None:

@@ -89,6 +89,25 @@ class _SchedulerCounts:
         return Logger(vllm_config, engine_index)
 
 
+def stat_loggers(engine_args: Mapping[str, Any], counts: _SchedulerCounts) -> list[Any]:
+    """The engine's stat loggers: the pool's own (for `stats()`), and, unless
+    `disable_log_stats=True`, vLLM's metrics through Ray's (`ray_vllm_*` beside
+    `ray_actormesh_*`): in an actor, vLLM's default Prometheus registry is served by no one.
+    vLLM's Ray logger needs Ray Serve importable (`ray[serve]`); without it vLLM keeps its own
+    loggers, in the actor only."""
+    loggers: list[Any] = [counts.factory]
+    if engine_args.get("disable_log_stats", False):
+        return loggers
+    from vllm.v1.metrics import ray_wrappers
+
+    if getattr(ray_wrappers, "ray_metrics", None) is None:  # imported with Ray Serve, or not
+        log.warning("vLLM's own metrics stay inside the engine actor: exporting them through "
+                    "Ray's metrics needs Ray Serve (pip install 'ray[serve]')")
+    else:
+        loggers.append(ray_wrappers.RayPrometheusStatLogger)
+    return loggers
+
+
 class VllmEngine(Engine):
     """A vLLM `AsyncLLM` (engine core in one process, no extra workers) on the CPU or a GPU."""
 
@@ -114,10 +133,8 @@ class VllmEngine(Engine):
         args: dict[str, Any] = {**DEFAULT_ENGINE_ARGS, **engine_args,
                                 "worker_extension_cls": EXTENSION}
         self._counts = _SchedulerCounts()
-        # Only the pool's stat logger runs (vLLM's own would log throughput every few seconds).
         self._llm: Any = AsyncLLM.from_engine_args(
-            AsyncEngineArgs(model=model, disable_log_stats=True, **args),
-            stat_loggers=[self._counts.factory],
+            AsyncEngineArgs(model=model, **args), stat_loggers=stat_loggers(args, self._counts)
         )
         self._live = 0
         self._start_engine(am.current_rank().rank)
