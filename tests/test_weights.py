@@ -303,3 +303,68 @@ def test_a_send_without_a_live_engine_is_refused() -> None:
         wait_until(lambda: not lonely.mesh.load().alive[0])
         with pytest.raises(am.MeshError, match="no live engine"):
             sender.send(rigged(0.5), timeout=10)
+
+
+def test_the_port_holds_a_sends_buckets_only_while_the_pool_keeps_them() -> None:
+    """The port keeps what it received for a send only if the pool keeps it when it declares
+    the send over (`finish`); a failed send's buckets go, whether the port's receive ends
+    before that declaration or after it. Here the test is the sender (rank 0) and the pool."""
+    import datetime
+
+    import torch
+    from torch._C._distributed_c10d import TCPStore
+
+    from actormesh.integrations.vllm import _transfer
+    from actormesh.integrations.vllm._sender import Go, SendRequest, WeightPort
+
+    port = ray.remote(WeightPort).options(num_cpus=0).remote()
+    host = ray.util.get_node_ip_address()
+    store = TCPStore(host, 0, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=60))
+    formation = _transfer.Formation("port-test", host, store.port, (), "gloo", 60.0, keeper=True)
+    bucket = [("w", torch.arange(64, dtype=torch.float32))]
+    blob_bytes = len(_transfer.blob(bucket))
+
+    def begin(request_id: str) -> ray.ObjectRef[Any]:
+        """Submit a send as a sender, take it and start the port's receive as the pool."""
+        submitted = port.submit.remote(SendRequest(request_id, host, store.port, "gloo", ("w",),
+                                                   None, 60.0))
+        assert ray.get(port.take.remote(60)).id == request_id
+        keeping = port.keep.remote(request_id, formation)
+        ray.get(port.go.remote(request_id, Go(formation, 1)))
+        assert isinstance(ray.get(submitted, timeout=60), Go)
+        return keeping
+
+    def stream() -> None:
+        group = _transfer.join("port-test-sender", formation, 0, store)
+        _transfer.send_bucket(group, bucket, "cpu")
+        _transfer.send_end(group, "cpu")
+
+    def held() -> int:
+        return ray.get(port.held_bytes.remote(), timeout=60)
+
+    try:
+        # Committed: the pool keeps the send's buckets, the port holds them.
+        keeping = begin("kept")
+        stream()
+        keys = [key for key, _ in ray.get(keeping, timeout=60)]
+        ray.get(port.finish.remote("kept", 1, keys), timeout=60)
+        assert held() == blob_bytes
+        # Failed, the receive ending first: the port lets go of it as the send ends.
+        keeping = begin("failed-late")
+        stream()
+        assert ray.get(keeping, timeout=60) and held() == 2 * blob_bytes
+        ray.get(port.finish.remote("failed-late", RuntimeError("undone"), keys), timeout=60)
+        assert held() == blob_bytes
+        # Failed, the send declared over before the receive ended: it keeps nothing.
+        keeping = begin("failed-early")
+        ray.get(port.finish.remote("failed-early", RuntimeError("undone"), keys), timeout=60)
+        stream()
+        assert ray.get(keeping, timeout=60) == []
+        assert held() == blob_bytes
+        # The pool keeps nothing any more: the port holds nothing.
+        ray.get(port.retain.remote([]), timeout=60)
+        assert held() == 0
+    finally:
+        _transfer.drop("port-test-sender")
+        ray.kill(port)

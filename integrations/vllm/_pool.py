@@ -521,14 +521,16 @@ class EnginePool:
         finally:
             await self._let_go()
 
+    def _held_keys(self) -> list[str]:
+        """The keys of the buckets the port holds for the pool (those it keeps)."""
+        return [k.key for _, k in self._kept.values() if isinstance(k, Held)]
+
     async def _let_go(self) -> None:
-        """Have the port hold only the buckets the pool keeps (not those an update replaced, or
-        a failed send's)."""
+        """Have the port hold only the buckets the pool keeps (not those an update replaced)."""
         if self._port is None:
             return
         try:
-            await self._port.retain.remote([k.key for _, k in self._kept.values()
-                                            if isinstance(k, Held)])
+            await self._port.retain.remote(self._held_keys())
         except Exception as err:  # noqa: BLE001 - the port is gone: the pool is closing
             log.warning("the weight port could not let go of replaced weights: %s", err)
 
@@ -561,14 +563,15 @@ class EnginePool:
                     outcome = await self._receive(port, request)
                 except Exception as err:  # noqa: BLE001 - the sender gets it
                     outcome = err
-                try:
-                    await port.finish.remote(request.id, outcome)
+                try:  # the port lets go of what the pool does not keep (a failed send's)
+                    await port.finish.remote(request.id, outcome, self._held_keys())
                 except Exception as err:  # noqa: BLE001 - the port is gone: the pool is closing
                     log.warning("telling a sender how its send ended failed: %s", err)
 
     async def _receive(self, port: Any, request: SendRequest) -> int:
         """A sender's update, on the loop under the control lock: the one load/commit path,
-        loading what the sender streams to the engines over its group."""
+        loading what the sender streams to the engines over its group. (`_serve` has the port
+        let go of what the pool does not keep as it ends the send: `WeightPort.finish`.)"""
         timeout = request.timeout_s
         spec = await self._weight_spec(timeout)
         names = set(request.names)
@@ -577,6 +580,13 @@ class EnginePool:
         members = tuple(self._live())
         if not members:
             raise am.MeshError("no live engine to send weights to")
+        # The send's timeout is part of the group's key: a torch group's timeout is fixed when
+        # it forms, and it is what bounds a member stuck in the group (joining it, or in a
+        # broadcast) when the send fails: the sender's own `send` call, an engine's receive
+        # thread, the port's. Formed with a longer one (the pool's), a send with timeout=2
+        # that an engine never joins would hold its sender, and those threads, for that long;
+        # gloo has no deadline for a join other than the group's timeout. So a send with
+        # another timeout forms a group of its own (milliseconds; a trainer sends with one).
         key = (request.host, request.port, request.backend, timeout, members)
         if self._formation is None or self._formation[0] != key:
             self._formation = (key, Formation(uuid.uuid4().hex[:12], request.host, request.port,
@@ -610,8 +620,6 @@ class EnginePool:
         except BaseException:
             self._formation = None  # the engines dropped a group a transfer failed on
             raise
-        finally:
-            await self._let_go()
 
     async def _transact(self, ticket: int, names: set[str],
                         load: Callable[[list[int]], Coroutine[Any, Any, list[Any]]],

@@ -182,6 +182,8 @@ class WeightPort:
                 raise
 
         blobs = await asyncio.to_thread(receive)
+        if request_id not in self._done:  # the pool declared the send over first: no one keeps
+            return []                     # what arrived after (`finish`)
         out = []
         for i, blob in enumerate(blobs):
             key = f"{request_id}.{i}"
@@ -201,6 +203,10 @@ class WeightPort:
         wanted = set(keys)
         for key in [k for k in self._held if k not in wanted]:
             del self._held[key]
+
+    async def held_bytes(self) -> int:
+        """The bytes of the buckets this port holds (read-only; for tests and diagnostics)."""
+        return sum(blob.numel() for blob in self._held.values())
 
     # -- the pool's side ------------------------------------------------------------------------
     async def take(self, wait_s: float) -> SendRequest | None:
@@ -229,8 +235,13 @@ class WeightPort:
         except asyncio.TimeoutError:
             return None
 
-    async def finish(self, request_id: str, outcome: int | BaseException) -> None:
-        """The send is over (committed, undone or refused): tell the sender, take the next."""
+    async def finish(self, request_id: str, outcome: int | BaseException,
+                     kept: list[str]) -> None:
+        """The send is over (committed, undone or refused): hold only the buckets of `kept`
+        (those the pool keeps; a failed send's are not among them), tell the sender, take the
+        next. A receive of this send that ends later keeps nothing (`keep`): whichever comes
+        first, the port holds none of a send the pool did not keep."""
+        await self.retain(kept)
         future = self._done.get(request_id)
         if future is not None and not future.done():
             future.set_result(outcome)
@@ -314,7 +325,9 @@ class WeightSender:
         As `pool.update_weights`: names and shapes are checked before any engine loads
         anything (`ValueError` naming them), a partial update is completed from the current
         weights, generation pauses ("keep") around the load, and the update is all or nothing
-        (`WeightUpdateError`). `timeout` bounds each phase (the pool's `timeout_s` by default).
+        (`WeightUpdateError`). `timeout` bounds each phase (the pool's `timeout_s` by default),
+        and is the timeout of the group the send streams over: a send with another timeout
+        than the last one forms its group anew (a group's timeout is fixed when it forms).
         """
         timeout_s = self._timeout_s if timeout is None else seconds("timeout", timeout)
         version = check_optional_int("version", version, 0)
