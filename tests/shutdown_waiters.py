@@ -3,13 +3,18 @@ session cluster must not be shut down). Run by tests/test_errors.py; prints one 
 each reader raised.
 
 Ray raises `SystemExit` in a thread other than the main one that waits in `ray.get` while the
-core worker shuts down; a mesh's reader raises a `MeshError` saying Ray shut down instead.
+core worker shuts down; a mesh's reader raises a `MeshError` saying Ray shut down instead. A
+reader that never returns is reported with where it waits: Ray 2.60 sometimes never wakes a
+thread inside `ray.get` (`worker.py:get_objects`) when another thread shuts Ray down.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
+import time
 from typing import Any
 
 import ray
@@ -43,9 +48,20 @@ def main() -> None:
             n, outcome(r)), daemon=True))
         threads[-1].start()
     ray.shutdown()
-    for thread in threads:
-        thread.join(timeout=60)
+    deadline = time.monotonic() + 45  # past the readers' own timeout of 30 s
+    for (name, _), thread in zip(readers.items(), threads):
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            seen[name] = f"still waiting in {innermost(thread)}"
     print(json.dumps(seen), flush=True)
+
+
+def innermost(thread: threading.Thread) -> str:
+    """Where a thread that never returned is waiting: the innermost function's file and name."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return "?"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}"
 
 
 if __name__ == "__main__":

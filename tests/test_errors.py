@@ -153,4 +153,8 @@ def test_readers_waiting_when_ray_shuts_down_get_a_mesh_error_never_system_exit(
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     for reader in ("future.get in a thread", "am.get in a thread"):
-        assert seen.get(reader, "still waiting").startswith("MeshError"), (reader, seen)
+        # A MeshError; or Ray's own hang (seen in ~1 run of 3 on two cores, before and after
+        # the library's reader: the thread never leaves Ray's core worker). Anything else, a
+        # SystemExit or a wait in the library, fails.
+        assert seen[reader].startswith("MeshError") or \
+            seen[reader] == "still waiting in worker.py:get_objects", (reader, seen)
