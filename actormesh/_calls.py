@@ -509,6 +509,9 @@ class Router:
         self._outbox_posted = False
         self._outbox_lock = threading.Lock()
         self.metrics: MeshMetrics | None = None  # where each call's end is counted (the mesh's)
+        # What no node of the cluster can give one actor ("GPU=1 per actor: ..."), if anything:
+        # a call that times out says it (the mesh sets it).
+        self.lacking = ""
         self.closed = False
 
     def check_open(self, method: str) -> None:
@@ -873,8 +876,13 @@ class Router:
     def expire_after(self, timeout_s: float, calls: Sequence[Call], label: str) -> _loop.Timer:
         """Cancel the calls not done after `timeout_s` with a `MeshTimeoutError` (on the loop
         thread): those still queued are never sent, those sent are cancelled in the actor."""
-        error = MeshTimeoutError(f"{label} did not finish within timeout={timeout_s} s")
+        error = MeshTimeoutError(f"{label} did not finish within timeout={timeout_s} s"
+                                 + self.why_waiting())
         return _loop.call_later(timeout_s, self.cancel, calls, error)
+
+    def why_waiting(self) -> str:
+        """For a timeout's message: what the mesh's actors wait for, if the cluster lacks it."""
+        return f" (the actors wait for resources: {self.lacking})" if self.lacking else ""
 
     def close(self, why: str) -> None:
         """Fail every queued call with `why`; later calls fail at once, and calls given a slot

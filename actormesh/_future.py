@@ -77,12 +77,14 @@ class MeshFuture(Generic[R]):
             if value is not _calls.NOT_READ and self._provide(value):
                 return value  # (the value every later reader gets)
         if not self._future.wait(_left(deadline)):
-            raise TimeoutError(f"{self._label} did not finish within {timeout} s")
+            raise TimeoutError(f"{self._label} did not finish within {timeout} s"
+                               + self._router.why_waiting())
         result, mine = self._claim()
         if mine:
             self._fill(result)
         elif not result.wait(None if deadline is None else deadline - time.monotonic()):
-            raise TimeoutError(f"{self._label} did not finish within {timeout} s")
+            raise TimeoutError(f"{self._label} did not finish within {timeout} s"
+                               + self._router.why_waiting())
         return self._outcome(result)
 
     def __await__(self) -> Generator[Any, None, R]:

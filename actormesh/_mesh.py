@@ -306,6 +306,7 @@ class ActorMesh(Selectable, Generic[T]):
         root.metrics = MeshMetrics(root.label, root.router.scheduler)
         root.router.failures.label = root.label
         root.router.failures.metrics = root.router.metrics = root.metrics
+        root.router.lacking = root.lacking
         root.cleanup = weakref.finalize(root, _release, root.router, handles if owned else [],
                                         placed, root.label, publication, shared, root.metrics)
         root.cleanup.atexit = False  # at exit Ray itself kills the actors

@@ -158,6 +158,10 @@ def test_actors_asking_for_what_no_node_has_are_named_at_once(
                        in r.getMessage() for r in caplog.records), caplog.text
             with pytest.raises(TimeoutError, match="GPU=1 per actor"):
                 waiting.wait_ready(timeout=1)
+            with pytest.raises(TimeoutError, match="wait for resources: .*GPU=1 per actor"):
+                waiting.methods.f.choose(1).get(timeout=1)
+            with pytest.raises(am.MeshTimeoutError, match="wait for resources: .*GPU=1 per actor"):
+                waiting.methods.f.options(timeout=1).choose(1).get(timeout=30)
 
 
 def test_without_ray_init_a_mesh_and_connect_say_so_and_start_no_cluster() -> None:
