@@ -772,17 +772,18 @@ class Router:
                     actor, task.started, ended, failed=failed, drain=self._drain_inline,
                     calls=len(calls), method=_method_of(calls), timed=timed and ran > 0)
             self._hand_on(drained, actor)
+            metrics = self.metrics
             counted: list[tuple[str, str]] = []  # each call's method and outcome, for metrics
             for index, (call, outcome) in enumerate(zip(calls, outcomes)):
                 call.outcome = outcome
                 settled_before = call.future.done()  # cancelled or timed out while it ran
                 self._settle(call, outcome, task, index, error)
-                if outcome != SKIPPED:
+                if metrics is not None and outcome != SKIPPED:
                     counted.append((call.method, _outcome_name(call, outcome, settled_before)))
                 if call.future.done() and call.hedge is None:
                     call.args, call.kwargs = (), _NO_KWARGS
-            if self.metrics is not None:
-                self.metrics.task_ended(counted, ended - task.started)
+            if metrics is not None:
+                metrics.task_ended(counted, ended - task.started)
         except BaseException as err:  # a bug here must not leave a call unsettled
             log.exception("actormesh: ending a task of %d calls failed", len(calls))
             for call in calls:

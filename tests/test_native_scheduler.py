@@ -997,25 +997,26 @@ def test_a_large_task_with_more_failures_than_the_ejection_bar_but_mostly_succes
 ) -> None:
     s = Scheduler(2, "least_loaded", eject_after=5)
     for _ in range(4):  # a coalesced map: 64 calls a task, one input in ten raising
-        for _ in range(64):
-            s.acquire(0)
-        s.complete(0, 1.0, 1.01, 6, calls=64)
+        _ended_task(s, calls=64, failed=6)
     assert s.ejected() == [False, False]
+
+
+def _ended_task(s: Scheduler, calls: int, failed: int) -> None:
+    """Actor 0 ran a task of `calls` calls, `failed` of which failed."""
+    for _ in range(calls):
+        s.acquire(0)
+    s.complete(0, 1.0, 1.01, failed, calls=calls)
 
 
 def test_a_task_whose_calls_mostly_failed_counts_them_towards_ejection() -> None:
     s = Scheduler(2, "least_loaded", eject_after=5)
-    for _ in range(8):
-        s.acquire(0)
-    s.complete(0, 1.0, 1.01, 6, calls=8)
+    _ended_task(s, calls=8, failed=6)
     assert s.ejected() == [True, False]
 
 
 def test_a_failed_task_counts_each_of_its_calls_towards_ejection() -> None:
     s = Scheduler(2, "least_loaded", eject_after=3)
-    for _ in range(3):
-        s.acquire(0)
-    s.complete(0, 1.0, 1.01, 3, calls=3)
+    _ended_task(s, calls=3, failed=3)
     assert s.ejected() == [True, False]
 
 
