@@ -244,13 +244,34 @@ struct PyScheduler : Scheduler {
   void drop_queued() { from_core(take_queued()); }
 
   PickerRef picker;  // null without a picker
+  // Called, without arguments, after a submit, complete or mark_alive that ejected or readmitted
+  // an actor (see tell_ejections); None: nobody is told.
+  nb::object on_ejections = nb::none();
+  uint64_t told = 0;  // ejection_events() when last told; read and written under the GIL
 };
+
+// Calls `on_ejections` once if an actor was ejected or readmitted since it was last called, on
+// the thread of the call that did it (Ray's completion thread, for complete). The check is one
+// load and one comparison on the call path. An exception of the callback is reported as
+// unraisable: the call it follows has happened and must return its decisions.
+void tell_ejections(PyScheduler& s) {
+  const uint64_t events = s.ejection_events();
+  if (events == s.told) return;
+  s.told = events;
+  if (s.on_ejections.is_none()) return;
+  try {
+    s.on_ejections();
+  } catch (nb::python_error& e) {
+    e.discard_as_unraisable("actormesh._native.Scheduler.on_ejections");
+  }
+}
 
 int scheduler_traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(Py_TYPE(self));
   if (!nb::inst_ready(self)) return 0;  // __init__ has not finished
   const PyScheduler* scheduler = nb::inst_ptr<PyScheduler>(self);
   if (scheduler->picker) Py_VISIT(scheduler->picker->ptr());
+  Py_VISIT(scheduler->on_ejections.ptr());
   int result = 0;
   // Busy (another thread inside it): its payloads are reachable from that thread anyway, and
   // the collector must not wait. They are visited at a later collection.
@@ -263,6 +284,7 @@ int scheduler_traverse(PyObject* self, visitproc visit, void* arg) {
 int scheduler_clear(PyObject* self) {
   PyScheduler* scheduler = nb::inst_ptr<PyScheduler>(self);
   if (scheduler->picker) scheduler->picker->reset();
+  scheduler->on_ejections = nb::none();
   scheduler->drop_queued();
   return 0;
 }
@@ -416,6 +438,7 @@ NB_MODULE(_native, m) {
             const Decision d = with_gil_rule(s, [&] {
               return s.submit(group, key, to_core(payload), now, method, alone);
             });
+            tell_ejections(s);
             // Queued: the core keeps the payload, and with it one reference.
             if (d.actor < 0 && !payload.is_none()) payload.release();
             return PyDecision{d.ticket, d.actor, nb::none(), {d.ticket}, nb::list()};
@@ -444,9 +467,11 @@ NB_MODULE(_native, m) {
           [](PyScheduler& s, int64_t actor, double started_s, double ended_s, nb::handle failed,
              bool drain, int64_t calls, int64_t method, bool timed) {
             const int64_t count = failed_calls(failed);
-            return finish(with_gil_rule(s, [&] {
+            Drain drained = with_gil_rule(s, [&] {
               return s.complete(actor, started_s, ended_s, count, drain, calls, method, timed);
-            }));
+            });
+            tell_ejections(s);
+            return finish(std::move(drained));
           },
           "actor"_a, "started_s"_a, "ended_s"_a, "failed"_a, "drain"_a = true, "calls"_a = 1,
           "method"_a = 0, "timed"_a = true,
@@ -487,7 +512,9 @@ NB_MODULE(_native, m) {
       .def(
           "mark_alive",
           [](PyScheduler& s, int64_t actor) {
-            return finish(with_gil_rule(s, [&] { return s.mark_alive(actor); }));
+            Drain drained = with_gil_rule(s, [&] { return s.mark_alive(actor); });
+            tell_ejections(s);
+            return finish(std::move(drained));
           },
           "actor"_a)
       .def("take_queued",
@@ -535,11 +562,30 @@ NB_MODULE(_native, m) {
            })
       .def("ejected",
            [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.ejected(); }); })
+      .def("ejections",
+           [](PyScheduler& s) {
+             const std::vector<Scheduler::Ejections> counts =
+                 with_gil_rule(s, [&] { return s.ejections(); });
+             nb::list out;
+             for (const Scheduler::Ejections& c : counts) {
+               out.append(nb::make_tuple(c.ejected, c.readmitted));
+             }
+             return out;
+           },
+           nb::sig("def ejections(self) -> list[tuple[int, int]]"))
+      .def(
+          "on_ejections",
+          [](PyScheduler& s, std::optional<nb::callable> callback) {
+            s.on_ejections = callback ? nb::object(std::move(*callback)) : nb::none();
+          },
+          "callback"_a.none(),
+          nb::sig("def on_ejections(self, callback: Callable[[], object] | None) -> None"))
       .def("queued", [](PyScheduler& s) { return with_gil_rule(s, [&] { return s.queued(); }); })
       .def_prop_ro("num_actors", [](const PyScheduler& s) { return s.num_actors(); })
       .def_prop_ro("policy", [](const PyScheduler& s) { return s.policy(); })
       .def_prop_ro("max_in_flight", [](const PyScheduler& s) { return s.max_in_flight(); })
       .def_prop_ro("max_tasks", [](const PyScheduler& s) { return s.max_tasks(); })
+      .def_prop_ro("eject_after", [](const PyScheduler& s) { return s.eject_after(); })
       .def_prop_ro("coalesce", [](const PyScheduler& s) { return s.coalesce(); })
       .def_prop_ro("affinity_capacity",
                    [](const PyScheduler& s) { return s.affinity_capacity(); })

@@ -26,7 +26,8 @@ Scheduler::Scheduler(int64_t num_actors, Settings settings)
              settings_.ewma_alpha, settings_.prior_s),
       rng_(settings_.seed),
       affinity_(static_cast<uint64_t>(settings_.affinity_capacity)),
-      memberships_(loads_.size()) {
+      memberships_(loads_.size()),
+      ejections_(loads_.size(), Ejections{0, 0}) {
   std::vector<int64_t> everyone(loads_.size());
   for (uint32_t actor = 0; actor < loads_.size(); ++actor) everyone[actor] = actor;
   add_group(everyone);
@@ -185,6 +186,11 @@ std::vector<bool> Scheduler::ejected() const {
   std::vector<bool> out(loads_.size());
   for (uint32_t a = 0; a < loads_.size(); ++a) out[a] = loads_[a].ejected;
   return out;
+}
+
+std::vector<Scheduler::Ejections> Scheduler::ejections() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ejections_;
 }
 
 uint64_t Scheduler::queued() const {

@@ -1,6 +1,7 @@
 // The scheduler of one mesh: its load table, its groups, their queues and the balancing policy.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <limits>
@@ -150,12 +151,25 @@ class Scheduler {
   std::vector<bool> alive() const;
   std::vector<Status> status() const;
   std::vector<bool> ejected() const;
+  // How often each actor was ejected, and readmitted (its time was up, or it restarted), since
+  // the scheduler began: counts that only grow, so a reader that reads them now and then misses
+  // no ejection, however short.
+  struct Ejections {
+    uint64_t ejected;
+    uint64_t readmitted;
+  };
+  std::vector<Ejections> ejections() const;
+  // Every actor's ejections and readmissions together; read without the lock, so that the
+  // binding can tell after each submit or complete, for the price of a load, whether one of
+  // them ejected or readmitted an actor.
+  uint64_t ejection_events() const { return ejection_events_.load(std::memory_order_relaxed); }
   uint64_t queued() const;
 
   uint32_t num_actors() const { return loads_.size(); }
   const std::string& policy() const { return settings_.policy; }
   uint32_t max_in_flight() const { return loads_.max_in_flight(); }
   uint32_t max_tasks() const { return loads_.max_tasks(); }
+  int64_t eject_after() const { return settings_.eject_after; }
   uint32_t coalesce() const { return static_cast<uint32_t>(settings_.coalesce); }
   uint64_t affinity_capacity() const { return static_cast<uint64_t>(settings_.affinity_capacity); }
   bool uses_picker() const { return policy_.kind == PolicyKind::external; }
@@ -234,6 +248,7 @@ class Scheduler {
   // Liveness and ejection (scheduler_failures.cpp).
   void eject_if_due(uint32_t actor, double now_s);
   void end_ejections(double now_s);
+  void count_ejection(uint32_t actor, bool readmitted);
 
   // Several drivers (scheduler_drivers.cpp): counts the other drivers' calls as the shared
   // table says now, if a refresh is due.
@@ -252,6 +267,8 @@ class Scheduler {
   std::unordered_map<uint64_t, QueuePlace> queued_;      // ticket -> its place in a queue
   uint64_t next_ticket_ = 1;
   std::vector<uint32_t> ejected_;  // actors ejected, some perhaps re-admitted since
+  std::vector<Ejections> ejections_;           // per actor, see ejections()
+  std::atomic<uint64_t> ejection_events_{0};  // their sum, see ejection_events()
   double next_readmission_s_ = std::numeric_limits<double>::infinity();
   double clock_ = 0.0;  // the latest time seen (submit, complete, expire_holds)
   // No hold ends before this; may be early (a hold that ended since), never late.

@@ -22,6 +22,7 @@ void Scheduler::eject_if_due(uint32_t actor, double now_s) {
   const Standing before = standing(actor);
   loads_.eject(actor, until);
   changed(actor, before);
+  count_ejection(actor, false);
   ejected_.push_back(actor);
   next_readmission_s_ = std::min(next_readmission_s_, until);
 }
@@ -38,12 +39,21 @@ void Scheduler::end_ejections(double now_s) {
       const Standing before = standing(actor);
       loads_.readmit(actor);
       changed(actor, before);
+      count_ejection(actor, true);
     } else {
       still.push_back(actor);
       next_readmission_s_ = std::min(next_readmission_s_, load.ejected_until);
     }
   }
   ejected_ = std::move(still);
+}
+
+// One more ejection (or readmission) of `actor`, in its count and in the sum the binding checks.
+void Scheduler::count_ejection(uint32_t actor, bool readmitted) {
+  Ejections& counts = ejections_[actor];
+  ++(readmitted ? counts.readmitted : counts.ejected);
+  ejection_events_.store(ejection_events_.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);  // under the mutex: no other writer
 }
 
 std::vector<Decision> Scheduler::mark_dead(int64_t actor, bool restarting) {
@@ -79,8 +89,10 @@ Drain Scheduler::mark_alive(int64_t actor) {
   const uint32_t a = check_actor(actor);
   if (loads_[a].alive()) return {};
   const Standing before = standing(a);
+  const bool was_ejected = loads_[a].ejected;
   loads_.set_status(a, Status::alive);  // a new process: not ejected, no failures counted
   changed(a, before);
+  if (was_ejected) count_ejection(a, true);
   return drain_locked(a);
 }
 

@@ -1077,6 +1077,90 @@ def test_a_restart_ends_an_ejection() -> None:
     assert s.ejected() == [False, False]
 
 
+def test_ejections_and_readmissions_are_counted_per_actor_however_many() -> None:
+    s = Scheduler(3, "least_loaded", eject_after=1, eject_base_s=1.0, eject_max_s=1.0)
+    for cycle in range(100):  # each ejection ends at the next call after its second
+        at = 10.0 * cycle
+        fail_calls(s, 1, 1, at=at)
+        s.complete(dispatch_at(s, at + 1.0), at + 1.0, at + 1.0, 0)
+    fail_calls(s, 1, 1, at=2000.0)  # ejected still
+    assert s.ejections() == [(0, 0), (101, 100), (0, 0)]
+
+
+def dispatch_at(s: Scheduler, now_s: float) -> int:
+    decision = s.submit(0, now_s=now_s)
+    assert decision.actor >= 0, decision
+    return decision.actor
+
+
+def test_a_restart_that_ends_an_ejection_counts_as_a_readmission() -> None:
+    s = Scheduler(2, eject_after=1, eject_base_s=10.0)
+    fail_calls(s, 0, 1)
+    s.mark_dead(0, restarting=True)
+    s.mark_alive(0)
+    s.mark_dead(1, restarting=True)  # a restart without an ejection is no readmission
+    s.mark_alive(1)
+    assert s.ejections() == [(1, 1), (0, 0)]
+
+
+def test_on_ejections_is_called_by_the_call_that_ejects_and_by_the_one_that_readmits() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=2, eject_base_s=1.0)
+    told: list[list[tuple[int, int]]] = []
+    s.on_ejections(lambda: told.append(s.ejections()))
+    fail_calls(s, 0, 1, at=5.0)
+    assert told == []
+    fail_calls(s, 0, 1, at=5.0)
+    assert told == [[(1, 0), (0, 0)]]
+    s.complete(dispatch_at(s, 5.5), 5.5, 5.5, 0)  # before the ejection's end: no call back
+    assert len(told) == 1
+    s.complete(dispatch_at(s, 6.0), 6.0, 6.0, 0)
+    assert told == [[(1, 0), (0, 0)], [(1, 1), (0, 0)]]
+
+
+def test_a_restart_that_ends_an_ejection_calls_on_ejections() -> None:
+    s = Scheduler(2, eject_after=1, eject_base_s=10.0)
+    fail_calls(s, 0, 1)
+    told: list[list[tuple[int, int]]] = []
+    s.on_ejections(lambda: told.append(s.ejections()))
+    s.mark_dead(0, restarting=True)
+    s.mark_alive(0)
+    assert told == [[(1, 1), (0, 0)]]
+
+
+def test_a_failing_on_ejections_is_reported_as_unraisable_and_the_call_still_returns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reported: list[BaseException | None] = []
+
+    def hook(unraisable: Any) -> None:
+        reported.append(unraisable.exc_value)
+
+    monkeypatch.setattr("sys.unraisablehook", hook)
+    s = Scheduler(2, "least_loaded", eject_after=1, eject_base_s=10.0)
+    s.on_ejections(lambda: 1 / 0)
+    s.acquire(0)
+    assert s.complete(0, 1.0, 1.0, 1) == []
+    assert s.ejected() == [True, False]
+    assert len(reported) == 1 and isinstance(reported[0], ZeroDivisionError)
+    s.on_ejections(None)
+    fail_calls(s, 1, 1)
+    assert len(reported) == 1
+
+
+def test_an_on_ejections_that_refers_back_to_its_scheduler_is_collected() -> None:
+    class Owner:
+        def __init__(self) -> None:
+            self.scheduler = Scheduler(2, eject_after=1)
+            self.scheduler.on_ejections(self.told)
+
+        def told(self) -> None: ...
+
+    owner = Owner()
+    ref = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert ref() is None
+
+
 def test_affinity_leaves_an_ejected_actor() -> None:
     s = Scheduler(2, "least_loaded", eject_after=1, eject_base_s=10.0)
     assert dispatch(s, affinity=5) == 0
