@@ -3,7 +3,9 @@
 Ray's `ray.util.metrics` cost ~8 µs per record on 2 cores (measured here), more than a tiny
 call's whole share of the driver's CPU. So the call path only bumps counters of its own (a dict
 item, a bucket of a histogram) and `MeshMetrics` hands the totals to Ray every `FLUSH_S` from the
-library's loop thread, where it also reads the gauges from the native scheduler:
+library's loop thread, where it also reads the gauges from the native scheduler. Ejections
+happen in the scheduler, which counts them per actor and calls back after the submit or
+complete that ejected or readmitted one; the count and the log line follow on the loop thread:
 
     actormesh_calls{mesh, method, outcome}   counter: ok, error, cancelled, timeout, lost
     actormesh_call_seconds{mesh, method}     histogram of call durations
@@ -21,6 +23,7 @@ counter keeps the exact count). `stats()` returns the same figures as a snapshot
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import math
 import threading
@@ -93,10 +96,13 @@ class MeshMetrics:
         self._events = dict.fromkeys(EVENTS, 0)
         self._exported: dict[tuple[str, str], int] = {}
         self._exported_events = dict.fromkeys(EVENTS, 0)
-        self._ejected: list[bool] = []
-        self._lock = threading.Lock()  # flush against flush (the timer, close); never the call path
+        self._ejections: list[tuple[int, int]] = []  # the scheduler's counts, as last noted
+        # flush against flush (the timer, close) and the notes of ejections; never the call path
+        self._lock = threading.Lock()
         self._closed = False
         self._timer = _loop.call_later(FLUSH_S, _flush_weakly, weakref.ref(self))
+        if scheduler is not None:
+            scheduler.on_ejections(functools.partial(_ejections_told, weakref.ref(self)))
 
     # -- the call path: a few dict operations, no lock, no call into Ray ----------------------
     def call_ended(self, method: str, outcome: str, seconds: float, times: int = 1) -> None:
@@ -135,8 +141,7 @@ class MeshMetrics:
     def stats(self) -> dict[str, Any]:
         """The mesh's figures now: calls per method and outcome, call durations and calls per
         task per method (count, sum, buckets), calls in flight and queued, actor events."""
-        with self._lock:
-            self._note_ejections()
+        self.note_ejections()
         calls: dict[str, dict[str, int]] = {}
         for (method, outcome), count in list(self._calls.items()):
             calls.setdefault(method, dict.fromkeys(OUTCOMES, 0))[outcome] = count
@@ -157,24 +162,31 @@ class MeshMetrics:
             return 0, 0
         return sum(scheduler.in_flight()), scheduler.queued()
 
+    def note_ejections(self) -> None:
+        """Count and log the ejections and readmissions the scheduler made since the last note."""
+        with self._lock:
+            self._note_ejections()
+
     def _note_ejections(self) -> None:
-        """Ejections happen in the native scheduler: count and log them by its flags as they
-        change (seen at the next export or `stats()`, within `FLUSH_S`)."""
+        """The scheduler counts each actor's ejections and readmissions, and its counts only
+        grow: none is missed, however soon an actor comes back."""
         if self._scheduler is None:
             return
-        now = self._scheduler.ejected()
-        before = self._ejected or [False] * len(now)
+        now = self._scheduler.ejections()
+        before = self._ejections or [(0, 0)] * len(now)
         for rank, (was, is_) in enumerate(zip(before, now)):
-            if is_ and not was:
-                self._events["ejected"] += 1
-                log.warning("actormesh: %s: rank %d was ejected: its last calls failed in a "
-                            "row, so it is passed over while another actor can take them",
-                            self.mesh_name, rank)
-            elif was and not is_:
-                self._events["readmitted"] += 1
-                log.info("actormesh: %s: rank %d is routed to again after an ejection",
-                         self.mesh_name, rank)
-        self._ejected = now
+            # An actor's events alternate, an ejection first: its n-th is an ejection if n is odd.
+            for n in range(sum(was) + 1, sum(is_) + 1):
+                if n % 2:
+                    self._events["ejected"] += 1
+                    log.warning("actormesh: %s: rank %d was ejected: %d or more of its calls "
+                                "failed in a row, so it is passed over while another actor can "
+                                "take them", self.mesh_name, rank, self._scheduler.eject_after)
+                else:
+                    self._events["readmitted"] += 1
+                    log.info("actormesh: %s: rank %d is routed to again after an ejection",
+                             self.mesh_name, rank)
+        self._ejections = now
 
     # -- export -------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -226,6 +238,18 @@ class MeshMetrics:
             except Exception as err:  # noqa: BLE001 - Ray is gone already (interpreter exit)
                 log.debug("actormesh: the last metrics of %s were not exported: %s",
                           self.mesh_name, err)
+
+
+def _ejections_told(ref: weakref.ref[MeshMetrics]) -> None:
+    """The scheduler's callback after a call that ejected or readmitted an actor, on that call's
+    thread (Ray's completion thread, for a call's end): it only hands the note to the loop."""
+    _loop.post(_note_weakly, ref)
+
+
+def _note_weakly(ref: weakref.ref[MeshMetrics]) -> None:
+    metrics = ref()
+    if metrics is not None:
+        metrics.note_ejections()
 
 
 def _flush_weakly(ref: weakref.ref[MeshMetrics]) -> None:

@@ -9,13 +9,16 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import ray
 from workers import Worker, wait_until
 
 import actormesh as am
+from actormesh import _metrics
 from actormesh._metrics import MeshMetrics
+from actormesh._native import Scheduler
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics_export.py")
 
@@ -69,8 +72,71 @@ def test_each_call_of_a_task_is_counted_with_the_tasks_duration() -> None:
 
 def warned(caplog: pytest.LogCaptureFixture, *parts: str) -> bool:
     """Whether the `actormesh` logger said, at WARNING, one line holding every part."""
-    return any(r.name == "actormesh" and r.levelno == logging.WARNING
+    return said(caplog, logging.WARNING, *parts) > 0
+
+
+def said(caplog: pytest.LogCaptureFixture, level: int, *parts: str) -> int:
+    """How many lines the `actormesh` logger said at `level` holding every part."""
+    return sum(r.name == "actormesh" and r.levelno == level
                and all(p in r.getMessage() for p in parts) for r in caplog.records)
+
+
+class _Awaited(logging.Handler):
+    """Signals the first line of the `actormesh` logger that holds every part."""
+
+    def __init__(self, *parts: str) -> None:
+        super().__init__()
+        self.parts = parts
+        self.seen = threading.Event()
+        self.record: logging.LogRecord | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.seen.is_set() and all(p in record.getMessage() for p in self.parts):
+            self.record = record
+            self.seen.set()
+
+
+def fail_a_call(s: Scheduler, actor: int, at: float) -> None:
+    s.acquire(actor)
+    s.complete(actor, at, at, 1)
+
+
+def test_an_ejection_is_logged_by_the_call_that_caused_it_not_by_the_next_flush(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_metrics, "FLUSH_S", 3600.0)
+    awaited = _Awaited("flaky: rank 1 was ejected")
+    logger = logging.getLogger("actormesh")
+    logger.addHandler(awaited)
+    s = Scheduler(2, "least_loaded", eject_after=3, eject_base_s=10.0)
+    metrics = MeshMetrics("flaky", s)
+    try:
+        for _ in range(3):
+            fail_a_call(s, 1, at=1.0)
+        assert awaited.seen.wait(timeout=30)
+    finally:
+        logger.removeHandler(awaited)
+        metrics.close()
+    assert awaited.record is not None and awaited.record.levelno == logging.WARNING
+    assert "3 or more of its calls failed in a row" in awaited.record.getMessage()
+
+
+def test_ejections_and_readmissions_are_counted_and_logged_exactly_however_many(
+        caplog: pytest.LogCaptureFixture) -> None:
+    s = Scheduler(2, "least_loaded", eject_after=1, eject_base_s=1.0, eject_max_s=1.0)
+    metrics = MeshMetrics("flaky", s)
+    try:
+        with caplog.at_level(logging.INFO, logger="actormesh"):
+            for cycle in range(50):  # ejected, then readmitted by the next call a second later
+                at = 10.0 * cycle
+                fail_a_call(s, 1, at)
+                decision = s.submit(0, now_s=at + 1.0)
+                s.complete(decision.actor, at + 1.0, at + 1.0, 0)
+            events = metrics.stats()["actor_events"]
+    finally:
+        metrics.close()
+    assert events == {"died": 0, "restarted": 0, "ejected": 50, "readmitted": 50}
+    assert said(caplog, logging.WARNING, "flaky: rank 1 was ejected") == 50
+    assert said(caplog, logging.INFO, "flaky: rank 1 is routed to again") == 50
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -102,3 +168,21 @@ def test_an_ejection_is_logged_at_warning(caplog: pytest.LogCaptureFixture) -> N
             assert isinstance(failing.choose(0, 0.0).get(timeout=60), am.ActorError)
         wait_until(lambda: warned(caplog, "Worker: rank 0 was ejected"))
         assert mesh.stats()["actor_events"]["ejected"] == 1
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_ejection_and_a_readmission_within_one_flush_are_counted_once_each_and_logged(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_metrics, "FLUSH_S", 3600.0)  # no flush looks meanwhile
+    policy = am.Policy(eject_after=1, eject_base_s=1e-6, eject_max_s=1e-6)
+    with caplog.at_level(logging.INFO, logger="actormesh"), \
+            am.ActorMesh(Worker, shape=2, num_cpus=0.1, balancer=policy) as mesh:
+        rank_0 = mesh[0:1].methods.fail_on.options(return_exceptions=True)
+        assert isinstance(rank_0.choose(0, 0.0).get(timeout=60), am.ActorError)
+        assert rank_0.choose(1, 0.0).get(timeout=60) == 0  # its ejection ended before this call
+        wait_until(lambda: said(caplog, logging.INFO, "Worker: rank 0 is routed to again") > 0)
+        assert warned(caplog, "Worker: rank 0 was ejected", "1 or more of its calls failed")
+        events = mesh.stats()["actor_events"]
+    assert events["ejected"] == 1 and events["readmitted"] == 1
+    assert said(caplog, logging.WARNING, "Worker: rank 0 was ejected") == 1
+    assert said(caplog, logging.INFO, "Worker: rank 0 is routed to again") == 1
