@@ -4,7 +4,11 @@ check after every test that uses it: every mesh still open has given back every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
+import gc
 import os
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -59,10 +63,37 @@ def ray_cluster(pytestconfig: pytest.Config) -> Iterator[None]:
         )
     yield
     _shut_every_mesh()
-    # Uncaptured: whatever Ray prints while it shuts down reaches the log.
+    # Uncaptured: whatever Ray prints while it shuts down, and the threads' stacks if it hangs.
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled():
-        ray.shutdown()
+    with capture.global_and_fixture_disabled(), _library_parked():
+        faulthandler.dump_traceback_later(60)
+        try:
+            ray.shutdown()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
+@contextlib.contextmanager
+def _library_parked() -> Iterator[None]:
+    """Hold the library's loop thread while Ray shuts down. Ray ends the process (status 1, no
+    word on stderr: "The core worker has already been shutdown ... The process will exit" goes
+    to the driver's log) when any thread enters its core worker after ray.shutdown() freed it:
+    a timer of a mesh the garbage collector has not reached yet, an ObjectRef freed there. The
+    collector runs first, so nothing of Ray is freed by chance while it shuts down."""
+    gc.collect()
+    release = threading.Event()
+    parked = threading.Event()
+
+    def park() -> None:
+        parked.set()
+        release.wait(120)
+
+    _loop.post(park)
+    parked.wait(30)
+    try:
+        yield
+    finally:
+        release.set()
 
 
 def _shut_every_mesh() -> None:
