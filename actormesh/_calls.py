@@ -805,14 +805,16 @@ class Router:
             return  # the other copy still runs: its end settles the call
         if outcome in _LOST and self._retried(call):
             return
+        if twin is not None and twin.task is not None and not twin.task.ended():
+            # The first to end won: stop the other, posted before the caller can see the value
+            # (so a caller that waits for the loop after it knows that the cancel went out).
+            _loop.post(self.cancel_sent, twin.task, call.future)
         if outcome == _ray.OK or outcome == _ray.RAISED or error is None:
             call.future.set_result((task, index))
         elif isinstance(error, RayError):
             call.fail(call.error(error))
         else:
             call.fail(_copy(error))
-        if twin is not None and twin.task is not None and not twin.task.ended():
-            _loop.post(self.cancel_sent, twin.task)  # the first to end won: stop the other
 
     def _retried(self, call: Call) -> bool:
         """A call whose actor was lost goes to another actor if it has retries left (a hedge
@@ -857,16 +859,18 @@ class Router:
                     if copy is not None and copy.task is not None:
                         self.cancel_sent(copy.task)
 
-    def cancel_sent(self, task: Task) -> None:
+    def cancel_sent(self, task: Task, settling: Result[Any] | None = None) -> None:
         """Ask Ray to stop a task once every call in it is done (cancelled, timed out, or won by
-        a hedge copy), where Ray can: an async (or threaded) actor cancels it, and one it has
-        not started never runs. A synchronous actor runs its calls in order and its task runs to
-        its end, its results dropped: Ray 2.60 cannot skip one without stalling the actor
+        a hedge copy: `settling`, the future its winner is settling now), where Ray can: an
+        async (or threaded) actor cancels it, and one it has not started never runs. A
+        synchronous actor runs its calls in order and its task runs to its end, its results
+        dropped: Ray 2.60 cannot skip one without stalling the actor
         (`_ray.runs_calls_at_once`). Never a kill."""
         if task.ref is None or task.ended() or not _ray.connected() \
                 or not _ray.runs_calls_at_once(self.handles[task.actor]):
             return
-        if not all(c.future.done() or c.task is not task for c in task.calls):
+        if not all(c.future.done() or c.future is settling or c.task is not task
+                   for c in task.calls):
             return
         try:
             ray.cancel(task.out if task.wire == STREAM else task.ref)

@@ -3,6 +3,7 @@ a real cluster (the mechanics in every order are in test_call_path.py, without R
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from hedge_workers import Gate, Hedged, Paced, SlowStart, Threaded
 from workers import signal, wait_until, waiters
 
 import actormesh as am
+from actormesh import _loop
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -72,6 +74,9 @@ def test_a_loser_that_never_started_never_runs() -> None:
     finally:
         sig.send.remote()
     assert future.get(timeout=60) == 0
+    # The winner's end posted the loser's cancel before the value was given: once the library's
+    # loop has run what was posted, the cancel has gone to Ray, ahead of the hogs' release.
+    _loop.submit(asyncio.sleep(0)).result(timeout=30)
     hog.send.remote()
     for call in hogged:
         call.get(timeout=60)
