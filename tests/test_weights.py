@@ -1,7 +1,8 @@
 """Weights from a trainer's process straight to the engines (`WeightSender`), and what every
-weight update promises, on `FakeEngine`s: one pool of two engines and one trainer actor shared
-by the module. Faults are armed in the engines (tests/vllm_faults.py) or the trainer
-(tests/weights_workers.py); waits are on signals, never on sleeps."""
+weight update promises, on `FakeEngine`s: one pool of two engines shared by the module, and one
+trainer actor per backend (every test of a sender runs over gloo and over ipc). Faults are
+armed in the engines (tests/vllm_faults.py) or the trainer (tests/weights_workers.py); waits
+are on signals, never on sleeps."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import numpy as np
 import pytest
 import ray
 from vllm_faults import HOLD_GATE, FlakyEngine, arm_receive, fail_next_resume
-from weights_workers import Trainer
+from weights_workers import Trainer, shared_maps, shm_names
 from workers import Signal, wait_until, waiters
 
 import actormesh as am
 from actormesh.integrations.vllm import EnginePool, FakeEngine, WeightSender, WeightUpdateError
+from actormesh.integrations.vllm import _sender as sender_mod
 from actormesh.integrations.vllm import _weights as weights_mod
 from actormesh.integrations.vllm._requests import Sequence, check_sampling
+from actormesh.integrations.vllm._sender import Place
 from actormesh.integrations.vllm.fake import fake_checkpoint, fake_spec, reference
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -37,9 +40,9 @@ def pool(ray_cluster: None) -> Iterator[EnginePool]:
         yield p
 
 
-@pytest.fixture(scope="module")
-def sender(pool: EnginePool) -> WeightSender:
-    return pool.weight_sender(bucket_bytes=BUCKET_BYTES)
+@pytest.fixture(scope="module", params=["gloo", "ipc"])
+def sender(pool: EnginePool, request: pytest.FixtureRequest) -> WeightSender:
+    return pool.weight_sender(backend=request.param, bucket_bytes=BUCKET_BYTES)
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +51,26 @@ def trainer(sender: WeightSender) -> Iterator[am.ActorMesh[Trainer]]:
         yield mesh
 
 
+@pytest.fixture(scope="module")
+def restorer(pool: EnginePool) -> Iterator[am.ActorMesh[Trainer]]:
+    with am.ActorMesh(Trainer, 1, args=(pool.weight_sender(),), num_cpus=0) as mesh:
+        yield mesh
+
+
 @pytest.fixture(autouse=True)
-def checkpoint_weights_after(pool: EnginePool, trainer: am.ActorMesh[Trainer]) -> Iterator[None]:
+def checkpoint_weights_after(pool: EnginePool,
+                             restorer: am.ActorMesh[Trainer]) -> Iterator[None]:
     """Every test leaves the engines on the checkpoint's weights, as it found them."""
     yield
     wait_until(lambda: all(pool.mesh.load().alive), timeout=120)
-    trainer.methods.send.choose(CHECKPOINT).get(timeout=120)
+    restorer.methods.send.choose(CHECKPOINT).get(timeout=120)
+
+
+def ipc_trainer(pool: EnginePool) -> am.ActorMesh[Trainer]:
+    return am.ActorMesh(Trainer, 1, args=(pool.weight_sender(backend="ipc",
+                                                             bucket_bytes=BUCKET_BYTES),),
+                        num_cpus=0)
+
 
 
 def rigged(value: float) -> dict[str, Any]:
@@ -327,8 +344,8 @@ def test_the_port_holds_a_sends_buckets_only_while_the_pool_keeps_them() -> None
 
     def begin(request_id: str) -> ray.ObjectRef[Any]:
         """Submit a send as a sender, take it and start the port's receive as the pool."""
-        submitted = port.submit.remote(SendRequest(request_id, host, store.port, "gloo", ("w",),
-                                                   None, 60.0))
+        submitted = port.submit.remote(SendRequest(request_id, host, store.port, "gloo", "",
+                                                   "cpu", ("w",), None, 60.0))
         assert ray.get(port.take.remote(60)).id == request_id
         keeping = port.keep.remote(request_id, formation)
         ray.get(port.go.remote(request_id, Go(formation, 1)))
@@ -368,3 +385,69 @@ def test_the_port_holds_a_sends_buckets_only_while_the_pool_keeps_them() -> None
     finally:
         _transfer.drop("port-test-sender")
         ray.kill(port)
+
+
+def test_an_ipc_sender_that_dies_with_a_bucket_shared_leaves_the_old_weights_and_nothing_shared(
+    pool: EnginePool,
+) -> None:
+    """The sender dies after every receiver mapped its second bucket, before it let go of it:
+    the update is undone, and no process maps a bucket or finds one in /dev/shm."""
+    served = pool.weight_version
+    before = shm_names()
+    with ipc_trainer(pool) as doomed:
+        with pytest.raises(am.ActorDiedError):
+            doomed.methods.send_and_die_sharing.choose(rigged(0.5), 1).get(timeout=120)
+    wait_until(lambda: pool.stats()["weight_update"] is not None
+               and pool.stats()["weight_update"].version > served, timeout=120)
+    report = pool.stats()["weight_update"]
+    assert report is not None and not report.committed
+    assert pool.weight_version == served
+    assert served_by_each(pool) == [(reference(PROMPT, 6)[0], [served] * 6)] * 2
+    assert list(pool.mesh.run_in_actors(shared_maps).get(timeout=60)) == [0, 0]
+    assert shm_names() <= before
+
+
+def another_host(_: Any = None) -> Place:
+    return Place("another-node")
+
+
+def test_an_ipc_send_is_refused_before_anything_is_sent_when_an_engine_is_on_another_host(
+    pool: EnginePool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    served, report = pool.weight_version, pool.stats()["weight_update"]
+    sender = pool.weight_sender(backend="ipc")
+    with monkeypatch.context() as elsewhere:  # the sender runs on another host
+        elsewhere.setattr(sender_mod, "place", another_host)
+        with pytest.raises(ValueError, match=r"backend 'ipc' shares memory within one host, "
+                                             r"and \['engine 0 on node .*', 'engine 1 on node "
+                                             r".*'\] not on the sender's node another-node"):
+            sender.send(rigged(0.5))
+    # An engine that moved since the sender was made: the pool refuses it before pausing.
+    monkeypatch.setitem(pool._places, 1, Place("another-node"))
+    with pytest.raises(ValueError, match=r"\['engine 1 on node another-node'\] not on the "
+                                         r"sender's node"):
+        sender.send(rigged(0.5))
+    assert pool.weight_version == served and pool.stats()["weight_update"] == report
+
+
+def test_an_ipc_send_from_a_host_without_the_port_keeps_copies_that_restore_an_engine(
+    pool: EnginePool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The port maps an ipc send's buckets only on its own host; from another host (as here,
+    where the port is said to be elsewhere) the sender puts copies, which restore a restarted
+    engine."""
+    monkeypatch.setattr(pool, "_port_node", "another-node")
+    weights = rigged(0.5)
+    with ipc_trainer(pool) as trainer:
+        version = trainer.methods.send.choose(weights).get(timeout=120)
+    ray.kill(pool.mesh.actors[1], no_restart=False)
+    wait_until(lambda: not pool.mesh.load().alive[1])
+    wait_until(lambda: all(pool.mesh.load().alive), timeout=120)
+    assert served_by_each(pool) == [(reference(PROMPT, 6, weights)[0], [version] * 6)] * 2
+
+
+def test_a_sent_bucket_is_mapped_by_no_engine_once_the_send_is_over(
+    pool: EnginePool, trainer: am.ActorMesh[Trainer],
+) -> None:
+    trainer.methods.send.choose(rigged(0.5)).get(timeout=120)
+    assert list(pool.mesh.run_in_actors(shared_maps).get(timeout=60)) == [0, 0]

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 import actormesh as am
-from actormesh.integrations.vllm import WeightSender, _transfer
+from actormesh.integrations.vllm import WeightSender, _shared, _transfer
 
 
 class Trainer:
@@ -36,3 +36,55 @@ class Trainer:
 
         _transfer.send_bucket = dying  # type: ignore[assignment]
         return self.sender.send(weights)
+
+    @am.method
+    def send_and_die_sharing(self, weights: dict[str, Any], bucket: int) -> int:
+        """Send over ipc, and end this process while bucket `bucket` is shared: once every
+        receiver has mapped it, before the sender lets go of it."""
+        real = _shared.wait_mapped
+
+        def dying(channel: _shared.Channel, keys: list[str]) -> None:
+            real(channel, keys)
+            if channel.bucket == bucket:
+                os._exit(1)
+
+        _shared.wait_mapped = dying  # type: ignore[assignment]
+        return self.sender.send(weights)
+
+
+def shm_names() -> set[str]:
+    """The names in /dev/shm that a weight send could have left (ours, or torch's)."""
+    return {n for n in os.listdir("/dev/shm") if "actormesh" in n or n.startswith("torch_")}
+
+
+def shared_maps(_: Any = None) -> int:
+    """How many shared weight buckets this process and its children (vLLM's EngineCore) map
+    or hold open (run in an actor with `run_in_actors`)."""
+    import psutil
+
+    me = psutil.Process()
+    return sum(_shared_in(p.pid) for p in [me, *me.children(recursive=True)])
+
+
+def _shared_in(pid: int) -> int:
+    count = 0
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            count += sum("memfd:actormesh-weights" in line for line in maps)
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            count += "memfd:actormesh-weights" in os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:  # it ended meanwhile, or a descriptor closed while read
+        pass
+    return count
+
+
+def cuda_receiver(port: int, formation_id: str, out: Any) -> None:
+    """A torch-only process: map the buckets shared over CUDA IPC and put their tensors (on
+    the CPU) in `out`."""
+    plan = _transfer.Formation(formation_id, "127.0.0.1", port, (0,), "ipc", 60.0)
+    group = _transfer.join("cuda-receiver", plan, 1)
+    try:
+        got = {name: tensor.cpu() for name, tensor in _transfer.receive(group, "cuda:0")}
+    finally:
+        _transfer.drop("cuda-receiver")
+    out.put(got)

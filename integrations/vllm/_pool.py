@@ -66,11 +66,13 @@ from ._sender import (
     DEFAULT_BUCKET_BYTES,
     Go,
     Held,
+    Place,
     SendRequest,
     Sent,
     WeightPort,
     WeightSender,
     check_backend,
+    place,
 )
 from ._transfer import Formation
 from ._updates import EngineUpdate, WeightUpdate, WeightUpdateError
@@ -226,6 +228,8 @@ class EnginePool:
         self._checkpoint: dict[str, Any] = {}  # checkpoint tensors read so far
         self._pool_id = uuid.uuid4().hex[:12]
         self._port: Any = None  # the WeightPort, once a sender was made
+        self._port_node = ""  # the port's Ray node
+        self._places: dict[int, Place] = {}  # where each engine runs (asked once per process)
         self._serving: asyncio.Task[None] | None = None
         self._formation: tuple[Hashable, Formation] | None = None  # the senders' current group
         self._issued = 0  # the last weight version handed out (loaded or not): never again
@@ -440,14 +444,30 @@ class EnginePool:
         `sender.send(named_tensors)` streams the tensors over one collective group from that
         process to every engine worker, never through the driver, and returns the version
         every engine then serves. `backend`: `"gloo"` (CPU tensors), `"nccl"` (CUDA tensors,
-        engines on GPUs), or None to pick by the tensors' device. `bucket_bytes` bounds the
-        tensor bytes in flight (one bucket at a time)."""
+        engines on GPUs), `"ipc"` (every engine on the sender's host: the engines map the
+        buckets' memory), or None to pick (ipc where it can, else by the tensors' device).
+        `bucket_bytes` bounds the tensor bytes in flight (one bucket at a time)."""
         backend = check_backend(backend)
         bucket_bytes = check_int("bucket_bytes", bucket_bytes, 1)
         limit = self._timeout_s + _SETTLE_S
         spec = self._submit(self._weight_spec(self._timeout_s), "weight_sender").get(limit)
         port = self._submit(self._open_port(), "weight_sender").get(limit)
-        return WeightSender(port, self._pool_id, spec, backend, bucket_bytes, self._timeout_s)
+        places = self._submit(self._engine_places(self._live(), self._timeout_s),
+                              "weight_sender").get(limit)
+        return WeightSender(port, self._pool_id, spec, backend, bucket_bytes, self._timeout_s,
+                            list(places.values()))
+
+    async def _engine_places(self, ranks: list[int], timeout: float) -> dict[int, Place]:
+        """Where the engines of `ranks` run (each asked once per process)."""
+        for rank in ranks:
+            if rank not in self._places:
+                asked = self.mesh[rank].run_in_actors(place)
+
+                async def answer(asked: Any = asked) -> Any:
+                    return list(await asked)[0]
+
+                self._places[rank] = await asyncio.wait_for(answer(), timeout)
+        return {rank: self._places[rank] for rank in ranks}
 
     async def _weight_spec(self, timeout: float) -> WeightSpec:
         if self._spec is None:
@@ -542,6 +562,7 @@ class EnginePool:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(
                     ray.get_runtime_context().get_node_id(), soft=True),
             ).remote()
+            self._port_node = await self._port.node.remote()
             self._serving = asyncio.get_running_loop().create_task(self._serve(self._port))
         return self._port
 
@@ -573,13 +594,20 @@ class EnginePool:
         loading what the sender streams to the engines over its group. (`_serve` has the port
         let go of what the pool does not keep as it ends the send: `WeightPort.finish`.)"""
         timeout = request.timeout_s
+        members = tuple(self._live())
+        if not members:
+            raise am.MeshError("no live engine to send weights to")
+        if request.backend == "ipc":  # checked again here: an engine may have moved since
+            places = await self._engine_places(list(members), timeout)
+            away = [f"engine {r} on node {p.node[:12]}" for r, p in places.items()
+                    if p.node != request.node]
+            if away:
+                raise ValueError(f"backend 'ipc' shares memory within one host, and {away} "
+                                 f"not on the sender's node {request.node[:12]}")
         spec = await self._weight_spec(timeout)
         names = set(request.names)
         missing, extra = await self._completion(names, spec, timeout)
         ticket = self._ticket(request.version)
-        members = tuple(self._live())
-        if not members:
-            raise am.MeshError("no live engine to send weights to")
         # The send's timeout is part of the group's key: a torch group's timeout is fixed when
         # it forms, and it is what bounds a member stuck in the group (joining it, or in a
         # broadcast) when the send fails: the sender's own `send` call, an engine's receive
@@ -587,11 +615,16 @@ class EnginePool:
         # that an engine never joins would hold its sender, and those threads, for that long;
         # gloo has no deadline for a join other than the group's timeout. So a send with
         # another timeout forms a group of its own (milliseconds; a trainer sends with one).
-        key = (request.host, request.port, request.backend, timeout, members)
+        # An ipc channel serves one send (its keys are the send's), so each forms its own. The
+        # port keeps the buckets where it can receive them: over gloo, and over ipc of CPU
+        # tensors on its own host; else the sender puts copies.
+        key = (request.host, request.port, request.backend, timeout, members,
+               request.id if request.backend == "ipc" else "")
+        keeper = request.backend == "gloo" or (request.backend == "ipc" and request.device
+                                               == "cpu" and request.node == self._port_node)
         if self._formation is None or self._formation[0] != key:
             self._formation = (key, Formation(uuid.uuid4().hex[:12], request.host, request.port,
-                                              members, request.backend, timeout,
-                                              keeper=request.backend == "gloo"))
+                                              members, request.backend, timeout, keeper))
         formation = self._formation[1]
         keeping: list[Any] = []  # the port's receive, where it keeps the weights
 
@@ -729,6 +762,7 @@ class EnginePool:
         async with self._control:
             self._stopped.discard(view.points[0].rank)
             self._formation = None  # the new process is in no sender's group
+            self._places.pop(view.points[0].rank, None)  # and may run elsewhere
             copies = {kept: sequence for sequence, kept in self._kept.values()}
             blobs: list[Blob] = [await self._blob(kept)
                                  for kept in sorted(copies, key=copies.__getitem__)]

@@ -7,7 +7,9 @@ version = sender.send(model.state_dict())      #   returns once every engine ser
 ```
 
 A send streams buckets over one collective group between the sender's process and every engine
-worker (`_transfer`); the weights never pass through the driver. The pool on the driver keeps
+worker (`_transfer`), or, when every engine is on the sender's host, shares each bucket's memory
+with them (`ipc`, `_shared`); the weights never pass through the driver. Which backend, when:
+`choose_backend`. The pool on the driver keeps
 the one load/commit path that `update_weights` takes (version ticket, pause "keep", load on every
 engine, commit or undo, resume); the sender and the pool meet at the pool's `WeightPort`:
 
@@ -21,12 +23,13 @@ engine, commit or undo, resume); the sender and the pool meet at the pool's `Wei
     ◀───────────────────────────── the version, or the error ◀──── port holds the blobs:
                                                                    commit; else undo; resume
 
-The port is the last rank of a gloo group: it receives the buckets with the engines and holds
-them in its own memory, the copy of the weights the pool keeps (a restarted engine is restored
+The port is the last rank of a gloo group (and of an ipc send of CPU tensors from its own host):
+it receives the buckets with the engines and holds them in its own memory, the copy of the weights the pool keeps (a restarted engine is restored
 from it, a partial update completed, a failed one undone); it puts a blob in the object store
 only when one is asked for. Keeping costs no copy in the sender, no object-store space, and
-outlives the sender. An nccl group has GPUs only: there the sender puts a copy of each bucket,
-which a task of the port copies again so that the port owns it.
+outlives the sender. An nccl group has GPUs only (and a port elsewhere cannot map an ipc
+bucket): there the sender puts a copy of each bucket, which a task of the port copies again so
+that the port owns it.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class SendRequest:
     host: str  # the sender's store: its process, so a new process forms a new group
     port: int
     backend: str
+    node: str  # the sender's Ray node (ipc: every engine must be on it)
+    device: str  # "cpu" or "cuda": where the buckets are
     names: tuple[str, ...]
     version: int | None
     timeout_s: float
@@ -103,6 +108,60 @@ _KEEPER = "keeper"
 """The role of the port's group in `_transfer`."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where a process runs: its Ray node, and the GPUs Ray gave it (ids as Ray names them)."""
+
+    node: str
+    gpus: tuple[str, ...] = ()
+
+
+def place(_: Any = None) -> Place:
+    """This process's place (`mesh.run_in_actors(place)` asks an engine for its own)."""
+    context = ray.get_runtime_context()
+    return Place(context.get_node_id(),
+                 tuple(str(g) for g in context.get_accelerator_ids().get("GPU", ())))
+
+
+def choose_backend(asked: str | None, tensors: list[tuple[str, Any]], here: Place,
+                   engines: list[Place]) -> str:
+    """The backend a send takes, or a ValueError naming what rules the asked one out.
+
+    None picks `ipc` when every engine is on the sender's host and can map the tensors' memory
+    (CPU tensors; CUDA tensors only where Ray gave every engine the sender's GPU): each byte is
+    then written once, into memory the engines read, instead of once per receiver through a
+    socket. Otherwise `nccl` for CUDA tensors and `gloo` for CPU tensors. `here.gpus` are the
+    GPUs the tensors are on."""
+    devices = {name: _device_type(value) for name, value in tensors}
+    on_gpu = sorted(name for name, kind in devices.items() if kind == "cuda")
+    elsewhere = sorted(f"{name} ({kind})" for name, kind in devices.items()
+                       if kind not in ("cpu", "cuda"))
+    if elsewhere:
+        raise ValueError(f"tensors on {elsewhere[:3]}: a send takes CPU or CUDA tensors")
+    sparse = sorted(name for name, value in tensors
+                    if str(getattr(value, "layout", "torch.strided")) != "torch.strided")
+    if sparse:
+        raise ValueError(f"{sparse[:3]} are not dense (strided) tensors: a send takes dense "
+                         "tensors (e.g. tensor.to_dense())")
+    away = [f"engine {rank} on node {p.node[:12]}" for rank, p in enumerate(engines)
+            if p.node != here.node]
+    if asked == "ipc":
+        if away:
+            raise ValueError(f"backend 'ipc' shares memory within one host, and {away[:3]} "
+                             f"not on the sender's node {here.node[:12]}: use backend='gloo' "
+                             "or 'nccl' (or None)")
+        return asked
+    if asked == "gloo" and on_gpu:
+        raise ValueError(f"backend 'gloo' sends CPU tensors, and {on_gpu[:3]} are on a "
+                         "GPU: use backend='nccl' (or None), or move them to the CPU")
+    if asked is not None:
+        return asked
+    shares_gpu = bool(here.gpus) and all(set(here.gpus) <= set(p.gpus) for p in engines)
+    if engines and not away and (shares_gpu or not on_gpu):
+        return "ipc"
+    return "nccl" if on_gpu else "gloo"
+
+
 class WeightPort:
     """Where senders meet their pool (an async actor of 0 CPUs that the pool owns): it queues
     send requests for the pool's loop, carries the answers back, and keeps the weights sent
@@ -110,7 +169,7 @@ class WeightPort:
     senders put). One send at a time: a second one while a send is under way is refused."""
 
     def __init__(self) -> None:
-        self._held: dict[str, Any] = {}  # Held.key -> a blob (uint8 tensor) received
+        self._held: dict[str, Any] = {}  # Held.key -> a blob (uint8 tensor) received (or mapped)
         self._queue: asyncio.Queue[SendRequest] = asyncio.Queue()
         self._active: str | None = None
         self._abandoned: set[str] = set()
@@ -190,6 +249,10 @@ class WeightPort:
             self._held[key] = blob
             out.append((key, list(_transfer.header(blob)[1])))
         return out
+
+    async def node(self) -> str:
+        """The Ray node this port runs on (it keeps an ipc send's buckets only from there)."""
+        return place().node
 
     async def blob(self, key: str) -> list[ray.ObjectRef[bytes]]:
         """A held bucket put in the object store (owned by this port), inside a list."""
@@ -300,8 +363,9 @@ class WeightSender:
     engine restarted or another sender sent)."""
 
     def __init__(self, port: Any, pool_id: str, spec: WeightSpec, backend: str | None,
-                 bucket_bytes: int, timeout_s: float) -> None:
+                 bucket_bytes: int, timeout_s: float, engines: list[Place]) -> None:
         self._port = port
+        self._engines = engines  # where the engines were when the sender was made
         self._pool_id = pool_id
         self._spec = spec
         self._backend = backend
@@ -310,7 +374,8 @@ class WeightSender:
 
     @property
     def backend(self) -> str | None:
-        """The backend asked for (None: gloo for CPU tensors, nccl for CUDA tensors)."""
+        """The backend asked for (None: ipc where every engine can map the tensors, else gloo
+        for CPU tensors, nccl for CUDA tensors; see `choose_backend`)."""
         return self._backend
 
     @property
@@ -333,26 +398,28 @@ class WeightSender:
         version = check_optional_int("version", version, 0)
         tensors = _pairs(named_tensors)
         _weights.check(dict(tensors), self._spec)
-        backend = self._choose_backend(tensors)
+        here = _here(tensors)
+        backend = choose_backend(self._backend, tensors, here, self._engines)
+        device = _device(backend, tensors)
         host, store = _store(self._pool_id, timeout_s)
-        request = SendRequest(uuid.uuid4().hex[:12], host, store.port, backend,
-                              tuple(name for name, _ in tensors), version, timeout_s)
+        request = SendRequest(uuid.uuid4().hex[:12], host, store.port, backend, here.node,
+                              device.partition(":")[0], tuple(name for name, _ in tensors),
+                              version, timeout_s)
         go = _answer(ray.get(self._port.submit.remote(request), timeout=timeout_s + _SETTLE_S))
         assert isinstance(go, Go)
-        sent = self._stream(go.formation, store, tensors)
+        sent = self._stream(go.formation, store, tensors, device)
         outcome = ray.get(self._port.sent.remote(request.id, sent),
                           timeout=timeout_s * 3 + _SETTLE_S)
         done = _answer(outcome)
         assert isinstance(done, int)
         return done
 
-    def _stream(self, formation: Formation, store: TCPStore,
-                tensors: list[tuple[str, Any]]) -> Sent:
-        """Broadcast every bucket over the formation's group (putting a copy of each where no
-        keeper receives them); what the pool is told. A failure drops the group (the
-        receivers' receives fail with it)."""
+    def _stream(self, formation: Formation, store: TCPStore, tensors: list[tuple[str, Any]],
+                device: str) -> Sent:
+        """Broadcast (or share) every bucket over the formation's group (putting a copy of each
+        where no keeper receives them); what the pool is told. A failure drops the group (the
+        receivers' receives fail with it; a shared bucket is let go of)."""
         role = f"sender.{self._pool_id}"
-        device = _device(formation.backend)
         copies = []
         try:
             group = _transfer.join(role, formation, 0, store)
@@ -362,24 +429,13 @@ class WeightSender:
                 if not formation.keeper:
                     copies.append((tuple(n for n, _ in bucket), ray.put(_transfer.blob(bucket))))
             _transfer.send_end(group, device)
+            if formation.backend == "ipc":
+                _transfer.drop(role)  # an ipc channel serves one send
         except Exception as err:  # noqa: BLE001 - reported to the pool, which undoes the update
             _transfer.drop(role)
             log.error("weight send over %s failed: %s", formation.backend, err)
             return Sent((), f"{type(err).__name__}: {err}")
         return Sent(tuple(copies))
-
-    def _choose_backend(self, tensors: list[tuple[str, Any]]) -> str:
-        devices = {name: _device_type(value) for name, value in tensors}
-        on_gpu = sorted(name for name, kind in devices.items() if kind == "cuda")
-        elsewhere = sorted(f"{name} ({kind})" for name, kind in devices.items()
-                           if kind not in ("cpu", "cuda"))
-        if elsewhere:
-            raise ValueError(f"tensors on {elsewhere[:3]}: a send takes CPU or CUDA tensors")
-        backend = self._backend or ("nccl" if on_gpu else "gloo")
-        if backend == "gloo" and on_gpu:
-            raise ValueError(f"backend 'gloo' sends CPU tensors, and {on_gpu[:3]} are on a "
-                             "GPU: use backend='nccl' (or None), or move them to the CPU")
-        return backend
 
     def __repr__(self) -> str:
         return f"WeightSender(pool {self._pool_id}, backend={self._backend!r})"
@@ -412,8 +468,19 @@ def _device_type(value: Any) -> str:
     return "cpu" if device is None else str(getattr(device, "type", device))
 
 
-def _device(backend: str) -> str:
-    if backend == "gloo":
+def _here(tensors: list[tuple[str, Any]]) -> Place:
+    """The sender's place, with the Ray ids of the GPUs its CUDA tensors are on."""
+    own = place()
+    indices = {getattr(getattr(v, "device", None), "index", None) for _, v in tensors
+               if _device_type(v) == "cuda"}
+    gpus = tuple(sorted(own.gpus[i] for i in indices if isinstance(i, int) and i < len(own.gpus)))
+    return Place(own.node, gpus if len(gpus) == len(indices) else ())
+
+
+def _device(backend: str, tensors: list[tuple[str, Any]]) -> str:
+    """Where the buckets are made: the CPU for gloo, and for ipc of CPU tensors; else a GPU."""
+    if backend == "gloo" or (backend == "ipc" and all(_device_type(v) == "cpu"
+                                                      for _, v in tensors)):
         return "cpu"
     import torch
 

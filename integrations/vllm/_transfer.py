@@ -10,10 +10,13 @@ flight however large the model, and the sender copies nothing it need not cast.
 
 The group is a bare `ProcessGroupGloo` (CPU tensors) or `ProcessGroupNCCL` (CUDA tensors) on a
 `PrefixStore` of a `TCPStore` that the sender binds on a port the kernel picks: it belongs to no
-torch world, so it never meets vLLM's own groups or the groups of a trainer's `TorchMesh`. Each
+torch world, so it never meets vLLM's own groups or the groups of a trainer's `TorchMesh`. Over
+`ipc` (every member on the sender's host) the "group" is a `_shared.Channel` on that store: the
+sender shares each blob's memory instead of broadcasting it, and receivers map it. Each
 formation has an id; a process keeps one group per role and drops it when another formation
-replaces it or a transfer on it fails (a failed collective leaves a group unusable). A gloo
-formation has a keeper as its last rank: the pool's port, which keeps the blobs it receives.
+replaces it or a transfer on it fails (a failed collective leaves a group unusable); an ipc
+formation serves one send. A gloo formation, and an ipc one of CPU tensors from the port's host,
+has a keeper as its last rank: the pool's port, which keeps the blobs it receives.
 
 Everything here runs in the sender's and the receivers' processes (engine workers, fake
 engines, the port), never on the driver.
@@ -29,11 +32,15 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import _shared
+
 if TYPE_CHECKING:
     import torch
     from torch._C._distributed_c10d import Backend, TCPStore
 
-BACKENDS = ("gloo", "nccl")
+    Group = Backend | _shared.Channel
+
+BACKENDS = ("gloo", "nccl", "ipc")
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
                        "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
@@ -53,7 +60,7 @@ class Formation:
     members: tuple[int, ...]  # engine ranks
     backend: str
     timeout_s: float
-    keeper: bool = False  # the pool's port receives too, as the last rank (gloo only)
+    keeper: bool = False  # the pool's port receives too, as the last rank (it is on the host)
 
     @property
     def size(self) -> int:
@@ -78,12 +85,13 @@ class Formation:
 
 # -- groups, one per role and process ---------------------------------------------------------
 _lock = threading.Lock()
-_groups: dict[str, tuple[str, Backend]] = {}  # role -> (formation id, group)
+_groups: dict[str, tuple[str, Group]] = {}  # role -> (formation id, group)
 
 
-def join(role: str, formation: Formation, rank: int, store: TCPStore | None = None) -> Backend:
+def join(role: str, formation: Formation, rank: int, store: TCPStore | None = None) -> Group:
     """This process's group of `formation` at `rank` (formed on first use; blocks until every
-    member joined, up to the formation's timeout). Rank 0 passes its own store."""
+    member joined, up to the formation's timeout; an ipc channel waits for no one). Rank 0
+    passes its own store."""
     import torch.distributed as dist
     from torch._C._distributed_c10d import PrefixStore, TCPStore
 
@@ -96,8 +104,10 @@ def join(role: str, formation: Formation, rank: int, store: TCPStore | None = No
     if store is None:
         store = TCPStore(formation.host, formation.port, is_master=False, timeout=timeout)
     prefixed = PrefixStore(f"actormesh.weights.{formation.id}", store)
-    group: Backend
-    if formation.backend == "nccl":
+    group: Group
+    if formation.backend == "ipc":
+        group = _shared.Channel(prefixed, rank, formation.size, formation.timeout_s)
+    elif formation.backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         group = dist.ProcessGroupNCCL(prefixed, rank, formation.size, options)
@@ -212,12 +222,15 @@ def read(buffer: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 # -- the stream -------------------------------------------------------------------------------
-def send_bucket(group: Backend, bucket: list[tuple[str, torch.Tensor]], device: str) -> None:
+def send_bucket(group: Group, bucket: list[tuple[str, torch.Tensor]], device: str) -> None:
     """Broadcast one bucket from rank 0: the lengths of its header and data, the header, then
-    each tensor from its own memory (tensors on `device`)."""
+    each tensor from its own memory (tensors on `device`); over ipc, share it."""
     import torch
 
     head, tensors = layout(bucket)
+    if isinstance(group, _shared.Channel):
+        _shared.send(group, head, tensors, device)
+        return
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     _broadcast(group, torch.tensor([len(head), nbytes], dtype=torch.int64, device=device))
     _broadcast(group, torch.frombuffer(bytearray(head), dtype=torch.uint8).to(device))
@@ -226,17 +239,23 @@ def send_bucket(group: Backend, bucket: list[tuple[str, torch.Tensor]], device: 
             _broadcast(group, _as_bytes(tensor))
 
 
-def send_end(group: Backend, device: str) -> None:
+def send_end(group: Group, device: str) -> None:
     import torch
 
+    if isinstance(group, _shared.Channel):
+        _shared.end(group)
+        return
     _broadcast(group, torch.zeros(2, dtype=torch.int64, device=device))
 
 
-def receive_blobs(group: Backend, device: str) -> Iterator[torch.Tensor]:
-    """The buckets rank 0 broadcasts, each as one safetensors blob in a uint8 tensor, until
-    it ends the stream."""
+def receive_blobs(group: Group, device: str) -> Iterator[torch.Tensor]:
+    """The buckets rank 0 broadcasts (or shares, over ipc), each as one safetensors blob in a
+    uint8 tensor, until it ends the stream."""
     import torch
 
+    if isinstance(group, _shared.Channel):
+        yield from _shared.receive(group, device)
+        return
     while True:
         lengths = torch.zeros(2, dtype=torch.int64, device=device)
         _broadcast(group, lengths)
@@ -253,7 +272,7 @@ def receive_blobs(group: Backend, device: str) -> Iterator[torch.Tensor]:
         yield buffer
 
 
-def receive(group: Backend, device: str) -> Iterator[tuple[str, torch.Tensor]]:
+def receive(group: Group, device: str) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors rank 0 broadcasts, bucket by bucket, until it ends the stream."""
     for buffer in receive_blobs(group, device):
         yield from read(buffer).items()

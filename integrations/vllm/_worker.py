@@ -3,7 +3,7 @@
 vLLM mixes this class into its worker (`worker_extension_cls`), so `AsyncLLM.collective_rpc`
 reaches these methods where the model lives. Arguments and results cross a msgpack channel:
 weights travel as safetensors bytes, or, from a `WeightSender`, over a collective group the
-worker joins (`_transfer`). Loading goes through `model_runner.reload_weights`
+worker joins, or through memory the sender shares on this host (`_transfer`, `_shared`). Loading goes through `model_runner.reload_weights`
 (checkpoint format, whole modules): in float32 on the CPU, the model's own `load_weights`
 changes nothing, since the CPU kernels repack weights when they are loaded.
 """
@@ -106,7 +106,8 @@ class WeightLoader:
         if spec.backend == "nccl" and not torch.cuda.is_available():
             raise RuntimeError(f"backend 'nccl' needs a GPU, and engine group rank {rank} "
                                "sees none")
-        device = "cpu" if spec.backend == "gloo" else f"cuda:{torch.cuda.current_device()}"
+        device = ("cpu" if spec.backend == "gloo" or not torch.cuda.is_available()
+                  else f"cuda:{torch.cuda.current_device()}")  # ipc: where CUDA buckets go
         received: list[str] = []
 
         def stream(group: Any) -> Iterator[tuple[str, Any]]:
