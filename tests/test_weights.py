@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import ray
 from vllm_faults import HOLD_GATE, FlakyEngine, arm_receive, fail_next_resume
-from weights_workers import Trainer, shared_maps, shm_names
+from weights_workers import Trainer, shared_maps, shm_names, undone_since
 from workers import Signal, wait_until, waiters
 
 import actormesh as am
@@ -156,11 +156,7 @@ def test_a_sender_that_dies_mid_send_leaves_the_old_weights_and_the_next_send_wo
     with am.ActorMesh(Trainer, 1, args=(sender,), num_cpus=0) as doomed:
         with pytest.raises(am.ActorDiedError):
             doomed.methods.send_and_die.choose(rigged(0.5), 2).get(timeout=120)
-    wait_until(lambda: pool.stats()["weight_update"] is not None
-               and pool.stats()["weight_update"].version > served, timeout=120)
-    report = pool.stats()["weight_update"]
-    assert report is not None and not report.committed
-    assert pool.weight_version == served
+    undone_since(pool, served, timeout_s=120)
     want = reference(PROMPT, 6)[0]
     assert served_by_each(pool) == [(want, [served] * 6)] * 2
     # Another process sends next: the group forms again, with it.
@@ -397,11 +393,7 @@ def test_an_ipc_sender_that_dies_with_a_bucket_shared_leaves_the_old_weights_and
     with ipc_trainer(pool) as doomed:
         with pytest.raises(am.ActorDiedError):
             doomed.methods.send_and_die_sharing.choose(rigged(0.5), 1).get(timeout=120)
-    wait_until(lambda: pool.stats()["weight_update"] is not None
-               and pool.stats()["weight_update"].version > served, timeout=120)
-    report = pool.stats()["weight_update"]
-    assert report is not None and not report.committed
-    assert pool.weight_version == served
+    undone_since(pool, served, timeout_s=120)
     assert served_by_each(pool) == [(reference(PROMPT, 6)[0], [served] * 6)] * 2
     assert list(pool.mesh.run_in_actors(shared_maps).get(timeout=60)) == [0, 0]
     assert shm_names() <= before

@@ -12,8 +12,7 @@ import pytest
 import ray
 import torch
 from safetensors.torch import load_file
-from weights_workers import Trainer, shared_maps, shm_names
-from workers import wait_until
+from weights_workers import Trainer, shared_maps, shm_names, undone_since
 
 import actormesh as am
 from actormesh.integrations.vllm import EnginePool, Generation
@@ -108,11 +107,7 @@ def test_a_sender_that_dies_mid_send_leaves_the_old_weights_and_the_next_send_wo
                       num_cpus=0) as doomed:
         with pytest.raises(am.ActorDiedError):
             doomed.methods.send_and_die.choose(rigged(checkpoint), 2).get(timeout=300)
-    wait_until(lambda: pool.stats()["weight_update"] is not None
-               and pool.stats()["weight_update"].version > served, timeout=300)
-    report = pool.stats()["weight_update"]
-    assert report is not None and not report.committed
-    assert pool.weight_version == served
+    undone_since(pool, served, timeout_s=300)
     assert served_by_each(pool) == [(reference.token_ids, [served] * GREEDY["max_tokens"])] * 2
     version = trainer.methods.send.choose(checkpoint).get(timeout=300)
     assert served_by_each(pool) == [(reference.token_ids, [version] * GREEDY["max_tokens"])] * 2
@@ -144,11 +139,7 @@ def test_an_ipc_sender_that_dies_with_a_bucket_shared_leaves_the_old_weights_and
                       num_cpus=0) as doomed:
         with pytest.raises(am.ActorDiedError):
             doomed.methods.send_and_die_sharing.choose(rigged(checkpoint), 2).get(timeout=300)
-    wait_until(lambda: pool.stats()["weight_update"] is not None
-               and pool.stats()["weight_update"].version > served, timeout=300)
-    report = pool.stats()["weight_update"]
-    assert report is not None and not report.committed
-    assert pool.weight_version == served
+    undone_since(pool, served, timeout_s=300)
     assert served_by_each(pool) == [(reference.token_ids, [served] * GREEDY["max_tokens"])] * 2
     assert list(pool.mesh.run_in_actors(shared_maps).get(timeout=60)) == [0, 0]
     assert shm_names() <= before

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from workers import wait_until
+
 import actormesh as am
-from actormesh.integrations.vllm import WeightSender, _shared, _transfer
+from actormesh.integrations.vllm import EnginePool, WeightSender, _shared, _transfer
 
 
 class Trainer:
@@ -50,6 +52,16 @@ class Trainer:
 
         _shared.wait_mapped = dying  # type: ignore[assignment]
         return self.sender.send(weights)
+
+
+def undone_since(pool: EnginePool, served: int, timeout_s: float) -> None:
+    """The update a sender that died began after version `served` was reported, and undone: the
+    pool still serves `served`."""
+    wait_until(lambda: pool.stats()["weight_update"] is not None
+               and pool.stats()["weight_update"].version > served, timeout=timeout_s)
+    report = pool.stats()["weight_update"]
+    assert report is not None and not report.committed
+    assert pool.weight_version == served
 
 
 def shm_names() -> set[str]:
