@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # An editable install rebuilds the native core on import after a C++ edit.
-INSTALL := $(PIP) install --no-build-isolation -c constraints.txt -Ceditable.rebuild=true -e
+INSTALL := $(PIP) install --no-build-isolation -c constraints.txt -Ceditable.rebuild=true -Ccmake.define.ACTORMESH_WERROR=ON -e
 
 .PHONY: test bench typecheck lint clean
 

@@ -575,8 +575,11 @@ NB_MODULE(_native, m) {
            nb::sig("def ejections(self) -> list[tuple[int, int]]"))
       .def(
           "on_ejections",
-          [](PyScheduler& s, std::optional<nb::callable> callback) {
-            s.on_ejections = callback ? nb::object(std::move(*callback)) : nb::none();
+          [](PyScheduler& s, nb::object callback) {  // not optional<callable>: GCC 13 warns
+            if (!callback.is_none() && PyCallable_Check(callback.ptr()) == 0) {
+              throw nb::type_error("on_ejections: callback must be callable or None");
+            }
+            s.on_ejections = std::move(callback);
           },
           "callback"_a.none(),
           nb::sig("def on_ejections(self, callback: Callable[[], object] | None) -> None"))
