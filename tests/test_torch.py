@@ -189,6 +189,25 @@ def test_actors_with_gpus_form_an_nccl_world() -> None:
             (6.0, 6.0), (6.0, 6.0)]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_an_nccl_world_on_one_gpu_reduces_cpu_and_cuda_tensors() -> None:
+    """One rank: the world's backend takes CPU tensors (gloo) beside CUDA ones (nccl), on the
+    world's group and on a dim group, as on many GPUs (a plain 'nccl' world refuses CPU ones)."""
+    with TorchMesh(TorchWorker, 1, num_gpus=1, num_cpus=0.5) as gpu_mesh:
+        gpu_mesh.wait_ready(timeout=180)
+        assert gpu_mesh.backend == "nccl"
+        assert list(gpu_mesh.methods.world_sums_on_both_devices.all(1.0).get(timeout=60)) == [
+            (1.0, 1.0)]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly one GPU")
+def test_two_nccl_ranks_on_one_gpu_fail_as_an_actor_error_naming_the_rank() -> None:
+    with TorchMesh(TorchWorker, 2, num_gpus=0.5, num_cpus=0.5, timeout_s=30) as shared_gpu:
+        with pytest.raises(am.ActorError, match=r"rank [01]"):
+            shared_gpu.wait_ready(timeout=180)
+            shared_gpu.methods.world_sums_on_both_devices.all(1.0).get(timeout=90)
+
+
 # -- restarts and deaths ------------------------------------------------------------------------
 def test_a_restarted_actor_reforms_the_world_its_groups_and_links_then_on_restart_runs(
     plain: am.ActorMesh[PlainWorker],

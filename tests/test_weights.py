@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
+import torch
 from vllm_faults import HOLD_GATE, FlakyEngine, arm_receive, fail_next_resume
 from weights_workers import Trainer, shared_maps, shm_names, undone_since
 from workers import Signal, wait_until, waiters
@@ -140,6 +141,22 @@ def test_gpu_tensors_for_a_gloo_group_are_refused_naming_the_backend(pool: Engin
         gloo.send({"lm_head.weight": on_gpu})
     with pytest.raises(ValueError, match="backend='mpi'"):
         pool.weight_sender(backend="mpi")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA IPC)")
+def test_cuda_tensors_reach_engines_on_the_senders_gpu_through_cuda_ipc() -> None:
+    """Engines and the trainer share one GPU: the default backend shares each bucket as a CUDA
+    IPC handle (nccl would refuse two ranks on one GPU), and both engines serve the weights."""
+    with EnginePool("fake", 2, engine_cls=FakeEngine, num_cpus=0.25, num_gpus=0.25,
+                    engine_args={"step_s": 0.004}) as on_gpu:
+        on_gpu.wait_ready(timeout=120)
+        sender = on_gpu.weight_sender(bucket_bytes=BUCKET_BYTES)
+        with am.ActorMesh(Trainer, 1, args=(sender,), num_cpus=0, num_gpus=0.25) as trainer:
+            weights = rigged(0.5)
+            version = trainer.methods.send_from_gpu.choose(weights).get(timeout=120)
+            assert version == on_gpu.weight_version
+            assert served_by_each(on_gpu) == [(reference(PROMPT, 6, weights)[0],
+                                               [version] * 6)] * 2
 
 
 def test_a_sender_is_picklable_and_names_its_pool(sender: WeightSender) -> None:

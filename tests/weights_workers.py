@@ -24,6 +24,14 @@ class Trainer:
         return self.sender.send(weights, version=version, timeout=timeout)
 
     @am.method
+    def send_from_gpu(self, weights: dict[str, Any]) -> int:
+        """Send the weights from this process's GPU (as CUDA tensors)."""
+        import torch
+
+        return self.sender.send({name: torch.as_tensor(value).cuda()
+                                 for name, value in weights.items()})
+
+    @am.method
     def send_and_die(self, weights: dict[str, Any], after_buckets: int) -> int:
         """Send, and end this process once `after_buckets` buckets are out (mid-send)."""
         real = _transfer.send_bucket

@@ -137,6 +137,17 @@ def formed(role: str) -> str | None:
 
 
 # -- buckets ----------------------------------------------------------------------------------
+def receive_device(backend: str) -> str:
+    """Where a receiver takes a send's buckets: the CPU over gloo, or in a process without a
+    GPU; else this process's current GPU (nccl receives there; ipc copies CUDA buckets there,
+    and maps CPU ones wherever this says)."""
+    import torch
+
+    if backend == "gloo" or not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{torch.cuda.current_device()}"
+
+
 def dtype_of(name: str) -> torch.dtype:
     import torch
 

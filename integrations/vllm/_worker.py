@@ -100,14 +100,13 @@ class WeightLoader:
         import torch
         from safetensors.torch import load
 
-        from ._transfer import Formation, drop, join, receive
+        from ._transfer import Formation, drop, join, receive, receive_device
 
         spec = Formation.from_wire(formation)
         if spec.backend == "nccl" and not torch.cuda.is_available():
             raise RuntimeError(f"backend 'nccl' needs a GPU, and engine group rank {rank} "
                                "sees none")
-        device = ("cpu" if spec.backend == "gloo" or not torch.cuda.is_available()
-                  else f"cuda:{torch.cuda.current_device()}")  # ipc: where CUDA buckets go
+        device = receive_device(spec.backend)
         received: list[str] = []
 
         def stream(group: Any) -> Iterator[tuple[str, Any]]:

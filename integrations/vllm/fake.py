@@ -323,8 +323,9 @@ class FakeEngine(Engine):
 
             try:
                 group = _transfer.join(_ROLE, formation, formation.rank_of(self._rank))
-                return {name: tensor.numpy().copy()
-                        for name, tensor in _transfer.receive(group, "cpu")}
+                device = _transfer.receive_device(formation.backend)  # a GPU's, if it has one
+                return {name: tensor.cpu().numpy().copy()
+                        for name, tensor in _transfer.receive(group, device)}
             except BaseException:
                 _transfer.drop(_ROLE)
                 raise
