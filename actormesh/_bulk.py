@@ -16,7 +16,6 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any, TypeAlias, TypeVar, overload
 
-import ray
 from ray import ObjectRef
 from ray.exceptions import GetTimeoutError, RayError
 
@@ -135,12 +134,18 @@ def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bo
         return True
     if not _ray.connected():
         return True  # each future reads its own outcome, and is refused there
+    def failed() -> bool:  # cancelled or timed out meanwhile: its ref may not end for long
+        return any(f._future.done() and f._future.exception() is not None for f, _ in lone)
+
     try:
-        values = ray.get([task.ref for _, task in lone], timeout=_left(deadline))
+        read = _ray.get_until([task.ref for _, task in lone], _left(deadline), failed)
     except GetTimeoutError:
         return False
     except RayError:
         return True  # some call failed: each future reads (and raises) its own outcome
+    if read is None:
+        return True  # each future reads its own outcome (a cancelled one raises at once)
+    values, _ = read
     for (future, task), value in zip(lone, values):
         task.router.read_ended(task, timed=False)  # read together: each end is unknown
         future._future.wait()  # ended: here, or by Ray's callback a moment from now

@@ -452,8 +452,8 @@ def read_sent(call: Call, timeout: float | None) -> Any:
 
     NOT_READ when that cannot tell the outcome: not sent alone yet, an error (a lost call may be
     retried: its future tells), `timeout` or the call's own deadline passed, or it was cancelled
-    or timed out meanwhile; and for a hedged call, whose other copy may end first. The caller
-    then waits for the future.
+    or timed out meanwhile (`_ray.get_until` stops reading then), or ended before; and for a
+    hedged call, whose other copy may end first. The caller then waits for the future.
     """
     task = call.task
     if task is None or task.wire != LONE or call.fn is not None or call.hedge is not None \
@@ -464,10 +464,13 @@ def read_sent(call: Call, timeout: float | None) -> Any:
         left = max(call.deadline - time.monotonic(), 0.0)
         timeout = left if timeout is None else min(timeout, left)
     try:  # Ray not running (shut down meanwhile): a MeshError, raised
-        value, late = _ray.get_arrived(ref, timeout)  # late: when it ended is not known
+        read = _ray.get_until(ref, timeout, call.future.done)  # cancelled or ended meanwhile
     except RayError:  # GetTimeoutError included
         return NOT_READ
-    call.router.read_ended(task, timed=not late)
+    if read is None:
+        return NOT_READ
+    value, late = read
+    call.router.read_ended(task, timed=not late)  # late: when it ended is not known
     call.future.wait()  # settled once ended, here or (a moment later) by Ray's callback
     return NOT_READ if call.future.exception() is not None else value
 

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import RaySystemError
+from ray.exceptions import GetTimeoutError, RaySystemError
 
 from ._errors import MeshError, ray_failure
 
@@ -159,11 +160,28 @@ def get(refs: Any, timeout: float | None = None) -> Any:
         raise ray_failure("reading a value", err) from err
 
 
-def get_arrived(ref: Any, timeout: float | None) -> tuple[Any, bool]:
-    """`get(ref, timeout)` of one ref, and whether its value had arrived before the call (then
-    when it arrived is not known)."""
-    was_there = arrived(ref)
-    return get(ref, timeout), was_there
+_FIRST_SLICE_S, _LAST_SLICE_S = 0.02, 0.2
+
+
+def get_until(refs: Any, timeout: float | None,
+              stop: Callable[[], bool]) -> tuple[Any, bool] | None:
+    """`get(refs, timeout)`, and, for one ref, whether its value had arrived before the read
+    that returned it (then when it arrived is not known); None as soon as `stop()` is true.
+    Ray's get cannot be woken, so it waits in slices (20 ms, twice as long each time up to
+    200 ms) and asks `stop` between two: a call cancelled meanwhile (a synchronous actor runs it
+    to its end) does not hold its reader. `GetTimeoutError` once `timeout` has passed."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    slice_s = _FIRST_SLICE_S
+    while not stop():
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        was_there = not isinstance(refs, list) and arrived(refs)
+        try:
+            return get(refs, slice_s if left is None else min(slice_s, left)), was_there
+        except GetTimeoutError:
+            if left is not None and left <= slice_s:
+                raise
+            slice_s = min(2 * slice_s, _LAST_SLICE_S)
+    return None
 
 
 def wait(refs: list[Any], num_returns: int, timeout: float | None) -> tuple[list[Any], list[Any]]:

@@ -28,7 +28,7 @@ from ray.exceptions import ActorDiedError as RayActorDiedError
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayTaskError, TaskCancelledError
 
 import actormesh as am
-from actormesh import _bulk, _calls, _future, _hedge, _loop, _native, _ray, _runner
+from actormesh import _calls, _future, _hedge, _loop, _native, _ray, _runner
 from actormesh._balancer import make_scheduler
 from actormesh._calls import Router
 from actormesh._method import CallOptions, MeshMethod, Target
@@ -213,7 +213,7 @@ def _fake_get(ref: Any, timeout: float | None = None) -> Any:
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Reads go to the fake refs; the outcome of a call is the one the test gave it."""
     fake = types.SimpleNamespace(get=_fake_get, cancel=_fake_cancel)
-    for module in (_calls, _future, _bulk):
+    for module in (_calls, _future):
         monkeypatch.setattr(module, "ray", fake)
     monkeypatch.setattr(_ray, "outcome", lambda ref: ref.kind)
     monkeypatch.setattr(_ray, "get", _fake_get)
@@ -698,17 +698,83 @@ def test_cancelling_a_sent_call_cancels_it_in_its_actor_and_frees_its_slot_when_
 
 
 def test_a_call_sent_to_a_synchronous_actor_is_not_cancelled_there_but_its_result_dropped(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     h = Harness(1, in_order=True)  # Ray 2.60 stalls such an actor when one of its calls is cancelled
     future = h.method().choose(1)
     future.cancel()
     [ref] = h.pending(0)
     assert not ref.cancelled
+    reads: list[Any] = []
+    monkeypatch.setattr(_ray, "get", lambda ref, timeout=None: reads.append(ref) or _fake_get(ref))
     with pytest.raises(cf.CancelledError):
         future.get(timeout=5)
+    assert reads == []  # raised at once: no read waits for the call's end
     h.finish(ref, "dropped")
     with pytest.raises(cf.CancelledError):
         future.get(timeout=5)
+    assert_idle(h)
+
+
+def reading_started(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once a read of a call's value (a Ray `get`) has begun."""
+    started = threading.Event()
+
+    def get(ref: Any, timeout: float | None = None) -> Any:
+        started.set()
+        return _fake_get(ref, timeout)
+
+    monkeypatch.setattr(_ray, "get", get)
+    return started
+
+
+def outcome_of(read: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException | Any]]:
+    """`read()` on a thread of its own; what it returned or raised, once it has."""
+    out: list[BaseException | Any] = []
+
+    def run() -> None:
+        try:
+            out.append(read())
+        except BaseException as err:  # noqa: BLE001 - the test inspects it
+            out.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_reader_waiting_for_a_call_gets_its_cancel_while_a_synchronous_actor_runs_it_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h = Harness(1, in_order=True)
+    future = h.method().choose(1)
+    [ref] = h.pending(0)
+    started = reading_started(monkeypatch)
+    reader, out = outcome_of(future.get)  # no timeout: only the cancel can end its wait
+    assert started.wait(10)
+    future.cancel()
+    reader.join(timeout=5)  # a read the cancel does not wake waits 10 s (the fake Ray's get)
+    assert not reader.is_alive() and isinstance(out[0], cf.CancelledError)
+    assert not ref.finished.is_set()  # the actor runs the call on; its end is dropped
+    h.finish(ref, "dropped")
+    assert_idle(h)
+
+
+def test_am_get_waiting_for_calls_raises_a_cancel_without_waiting_for_the_cancelled_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h = Harness(2, in_order=True)
+    first, second = h.method().choose(1), h.method().choose(2)
+    refs = h.pending(0) + h.pending(1)
+    started = reading_started(monkeypatch)
+    reader, out = outcome_of(lambda: am.get([first, second]))
+    assert started.wait(10)
+    second.cancel()
+    h.finish(refs[0], "one")
+    reader.join(timeout=5)
+    assert not reader.is_alive() and isinstance(out[0], cf.CancelledError)
+    assert first.get(timeout=5) == "one"
+    h.finish(refs[1], "dropped")
     assert_idle(h)
 
 
