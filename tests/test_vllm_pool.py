@@ -80,6 +80,18 @@ def test_engines_report_their_state(pool: EnginePool, reference: list[Generation
     assert all(g.weight_versions == [0] * GREEDY["max_tokens"] for g in reference)
 
 
+def stat_loggers(engine: Any) -> list[str]:
+    """The class names of the stat loggers of an engine's vLLM `AsyncLLM`."""
+    return [type(logger).__name__ for logger in engine._llm.logger_manager.stat_loggers]
+
+
+def test_engines_hand_vllms_own_metrics_to_rays(pool: EnginePool) -> None:
+    pytest.importorskip("ray.serve", reason="vLLM's Ray stat logger needs Ray Serve "
+                        "(pip install actormesh[metrics])")
+    for loggers in pool.mesh.run_in_actors(stat_loggers).get(timeout=60):
+        assert "RayPrometheusStatLogger" in loggers, loggers
+
+
 @pytest.mark.parametrize("mode", ["keep", "abort", "wait"])
 def test_greedy_output_is_identical_across_three_pauses(
     pool: EnginePool, reference: list[Generation], mode: str
