@@ -4,8 +4,9 @@ each reader raised.
 
 Ray raises `SystemExit` in a thread other than the main one that waits in `ray.get` while the
 core worker shuts down; a mesh's reader raises a `MeshError` saying Ray shut down instead. A
-reader that never returns is reported with where it waits: Ray 2.60 sometimes never wakes a
-thread inside `ray.get` (`worker.py:get_objects`) when another thread shuts Ray down.
+reader that never returns is reported with where it waits (Ray 2.60 sometimes never wakes a
+thread inside one `ray.get`, `worker.py:get_objects`, when another thread shuts Ray down; the
+library's readers read in slices, `_ray.get_until`, and so see that Ray is gone).
 """
 
 from __future__ import annotations

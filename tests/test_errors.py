@@ -153,8 +153,7 @@ def test_readers_waiting_when_ray_shuts_down_get_a_mesh_error_never_system_exit(
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     for reader in ("future.get in a thread", "am.get in a thread"):
-        # A MeshError; or Ray's own hang (seen in ~1 run of 3 on two cores, before and after
-        # the library's reader: the thread never leaves Ray's core worker). Anything else, a
-        # SystemExit or a wait in the library, fails.
-        assert seen[reader].startswith("MeshError") or \
-            seen[reader] == "still waiting in worker.py:get_objects", (reader, seen)
+        # A MeshError: never a SystemExit, nor a reader still waiting. (A reader waiting in one
+        # ray.get was sometimes never woken by Ray 2.60's shutdown, ~1 run in 3; it reads in
+        # slices now, and sees between two that Ray is gone: 18 runs of 18.)
+        assert seen[reader].startswith("MeshError"), (reader, seen)
