@@ -135,10 +135,13 @@ def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bo
     if not _ray.connected():
         return True  # each future reads its own outcome, and is refused there
     def failed() -> bool:  # cancelled or timed out meanwhile: its ref may not end for long
-        return any(f._future.done() and f._future.exception() is not None for f, _ in lone)
+        return any(f._future.failed() for f, _ in lone)
+
+    def ended() -> bool:
+        return all(f._future.done() for f, _ in lone)
 
     try:
-        read = _ray.get_until([task.ref for _, task in lone], _left(deadline), failed)
+        read = _ray.get_until([task.ref for _, task in lone], _left(deadline), failed, ended)
     except GetTimeoutError:
         return False
     except RayError:

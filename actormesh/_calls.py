@@ -97,6 +97,10 @@ class Result(Generic[T]):
     def done(self) -> bool:
         return self._state != _PENDING
 
+    def failed(self) -> bool:
+        """Settled with an error (a cancel and a timeout included)."""
+        return self._state == _ERROR
+
     def set_result(self, value: T) -> bool:
         """Settle with `value`; False (and nothing changes) if already settled."""
         return self._settle(_VALUE, value)
@@ -464,7 +468,7 @@ def read_sent(call: Call, timeout: float | None) -> Any:
         left = max(call.deadline - time.monotonic(), 0.0)
         timeout = left if timeout is None else min(timeout, left)
     try:  # Ray not running (shut down meanwhile): a MeshError, raised
-        read = _ray.get_until(ref, timeout, call.future.done)  # cancelled or ended meanwhile
+        read = _ray.get_until(ref, timeout, stop=call.future.failed, ended=call.future.done)
     except RayError:  # GetTimeoutError included
         return NOT_READ
     if read is None:

@@ -163,35 +163,44 @@ def get(refs: Any, timeout: float | None = None) -> Any:
 _FIRST_SLICE_S, _LAST_SLICE_S = 0.02, 0.2
 
 
-def get_until(refs: Any, timeout: float | None,
-              stop: Callable[[], bool]) -> tuple[Any, bool] | None:
-    """`get(refs, timeout)`, and, for one ref, whether its value had arrived before the read
-    that returned it (then when it arrived is not known); None as soon as `stop()` is true.
-    Ray's get cannot be woken, so it waits in slices (20 ms, twice as long each time up to
+def get_until(refs: Any, timeout: float | None, stop: Callable[[], bool],
+              ended: Callable[[], bool]) -> tuple[Any, bool] | None:
+    """`get(refs, timeout)`, and, for one ref, whether its value had arrived before this was
+    called (then when it arrived is not known); None as soon as `stop()` is true.
+
+    Ray's get cannot be woken, so it reads in slices (20 ms, twice as long each time up to
     200 ms) and asks `stop` between two: a call cancelled meanwhile (a synchronous actor runs it
-    to its end) does not hold its reader. `GetTimeoutError` once `timeout` has passed."""
+    to its end) does not hold its reader. Once `ended()` says every task behind `refs` has
+    ended, one get reads the values to the end, as a slice that times out would drop what it
+    was pulling from another node. `GetTimeoutError` once `timeout` has passed."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    was_there = not isinstance(refs, list) and arrived(refs)
     slice_s = _FIRST_SLICE_S
     while not stop():
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        was_there = not isinstance(refs, list) and arrived(refs)
+        if ended():
+            return get(refs, left), was_there
         try:
             return get(refs, slice_s if left is None else min(slice_s, left)), was_there
         except GetTimeoutError:
             if left is not None and left <= slice_s:
                 raise
-            slice_s = min(2 * slice_s, _LAST_SLICE_S)
+        was_there = False
+        slice_s = min(2 * slice_s, _LAST_SLICE_S)
     return None
 
 
-def wait(refs: list[Any], num_returns: int, timeout: float | None) -> tuple[list[Any], list[Any]]:
+def wait(refs: list[Any], num_returns: int, timeout: float | None, *,
+         fetch_local: bool = True) -> tuple[list[Any], list[Any]]:
     """`ray.wait`, refused with a `MeshError` when Ray is not running (where it would start a
-    new cluster), and with Ray's `SystemExit` (Ray shutting down meanwhile) as a `MeshError`."""
+    new cluster); Ray's failures that are not a task's own (its `SystemExit` and system errors
+    while it shuts down meanwhile) are `MeshError`s too, as in `get`."""
     if not connected():
         raise MeshError(NOT_RUNNING)
     try:
-        done, pending = ray.wait(refs, num_returns=num_returns, timeout=timeout)
-    except SystemExit as err:
+        done, pending = ray.wait(refs, num_returns=num_returns, timeout=timeout,
+                                 fetch_local=fetch_local)
+    except (SystemExit, RaySystemError) as err:
         raise ray_failure("waiting for ObjectRefs", err) from err
     return done, pending
 

@@ -760,6 +760,33 @@ def test_a_reader_waiting_for_a_call_gets_its_cancel_while_a_synchronous_actor_r
     assert_idle(h)
 
 
+def test_am_get_reads_calls_that_ended_to_the_end_not_in_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ray get that times out drops what it was pulling from another node, so values longer to
+    pull than a slice would never arrive: once every call ended, am.get reads them with one get
+    without a time limit."""
+    h = Harness(2)
+    futures = [h.method().choose(1), h.method().choose(2)]
+    refs = h.pending(0) + h.pending(1)
+    sliced = threading.Event()
+
+    def get(r: Any, timeout: float | None = None) -> Any:
+        if timeout is not None:  # a pull that no slice lets finish
+            sliced.set()
+            threading.Event().wait(timeout)
+            raise GetTimeoutError("the pull was dropped")
+        return _fake_get(r)
+
+    monkeypatch.setattr(_ray, "get", get)
+    reader, out = outcome_of(lambda: am.get(futures))
+    assert sliced.wait(10)
+    for ref, value in zip(refs, ["one", "two"]):
+        h.end(ref, value)
+    reader.join(timeout=10)
+    assert out == [["one", "two"]]
+
+
 def test_am_get_waiting_for_calls_raises_a_cancel_without_waiting_for_the_cancelled_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
