@@ -576,8 +576,10 @@ NB_MODULE(_native, m) {
       .def(
           "on_ejections",
           [](PyScheduler& s, nb::object callback) {  // not optional<callable>: GCC 13 warns
-            if (!callback.is_none() && PyCallable_Check(callback.ptr()) == 0) {
-              throw nb::type_error("on_ejections: callback must be callable or None");
+            if (!callback.is_none() && !nb::isinstance<nb::callable>(callback)) {
+              const std::string got = nb::inst_name(callback).c_str();
+              throw nb::type_error(
+                  ("on_ejections: callback must be callable or None, not " + got).c_str());
             }
             s.on_ejections = std::move(callback);
           },

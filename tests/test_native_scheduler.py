@@ -1117,6 +1117,11 @@ def test_on_ejections_is_called_by_the_call_that_ejects_and_by_the_one_that_read
     assert told == [[(1, 0), (0, 0)], [(1, 1), (0, 0)]]
 
 
+def test_on_ejections_refuses_what_is_not_callable_naming_its_type() -> None:
+    with pytest.raises(TypeError, match="callback must be callable or None, not int"):
+        Scheduler(2).on_ejections(3)  # type: ignore[arg-type]
+
+
 def test_a_restart_that_ends_an_ejection_calls_on_ejections() -> None:
     s = Scheduler(2, eject_after=1, eject_base_s=10.0)
     fail_calls(s, 0, 1)

@@ -107,7 +107,8 @@ class Slots(Generic[T]):
         slot = bucket % SLOTS
         held = self._held[slot]
         if held is None or held.capacity < size:
-            self._held[slot] = held = None  # the old buffer goes before the new one comes
+            self._held[slot] = held = None  # let go of the old one first (over CUDA IPC torch
+            # frees it once every receiver closed it: a regrown slot briefly holds both)
             capacity = -(-size // SLOT_GRAIN) * SLOT_GRAIN
             held = self._held[slot] = Buffer(slot, next(self._ids), capacity,
                                              self._allocate(capacity))
