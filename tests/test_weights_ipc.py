@@ -150,6 +150,57 @@ def test_the_end_of_a_cuda_stream_waits_for_the_buckets_still_in_the_slots() -> 
                                                                               [3, 4]]
 
 
+class RecordingStore:
+    """A sender's store that logs what the sender does with it, in order (its waits return at
+    once, as if every receiver had acknowledged)."""
+
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        self.log = log
+
+    def set(self, key: str, value: bytes) -> None:
+        self.log.append(("publish", key) if value else ("end", key))
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
+        self.log.append(("wait", " ".join(keys)))
+
+    def delete_key(self, key: str) -> None:
+        pass
+
+
+def test_a_cuda_sender_writes_a_slot_only_once_every_receiver_acknowledged_its_last_bucket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The slots' protocol on the CPU: each CUDA buffer is stood in for by CPU memory."""
+    log: list[tuple[str, str]] = []
+
+    class Exported:
+        def __init__(self, capacity: int, device: str, receivers: int) -> None:
+            self.tensor = torch.empty(capacity, dtype=torch.uint8)
+            self.args, self.uuid = [None] * receivers, "GPU-stand-in"
+
+    written = _shared._write
+
+    def write(blob: torch.Tensor, head: bytes, tensors: list[torch.Tensor]) -> None:
+        log.append(("write", str(tensors[0][0].item())))
+        written(blob, head, tensors)
+
+    monkeypatch.setattr(_shared, "_Exported", Exported)
+    monkeypatch.setattr(_shared, "_write", write)
+    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: types.SimpleNamespace(synchronize=lambda: None))
+    channel = _shared.Channel(RecordingStore(log), 0, 3, 30.0)  # the sender, 2 receivers
+    for bucket in range(4):
+        _shared.send(channel, b"head", [torch.full((8,), bucket, dtype=torch.uint8)], "cuda:0")
+    _shared.end(channel)
+    assert log == [
+        ("write", "0"), ("publish", "0"), ("write", "1"), ("publish", "1"),
+        ("wait", "0.1 0.2"), ("write", "2"), ("publish", "2"),
+        ("wait", "1.1 1.2"), ("write", "3"), ("publish", "3"),
+        ("wait", "2.1 2.2 3.1 3.2"), ("end", "4"),
+    ]
+
+
 def test_cuda_buckets_take_two_slots_in_turn_each_allocated_once_in_whole_mib() -> None:
     made: list[int] = []
     slots = _shared.Slots(lambda capacity: made.append(capacity))
