@@ -52,14 +52,14 @@ class Trainer:
     def send_and_die_sharing(self, weights: dict[str, Any], bucket: int) -> int:
         """Send over ipc, and end this process while bucket `bucket` is shared: once every
         receiver has mapped it, before the sender lets go of it."""
-        real = _shared.wait_mapped
+        real = _shared.wait_acknowledged
 
         def dying(channel: _shared.Channel, keys: list[str]) -> None:
             real(channel, keys)
             if channel.bucket == bucket:
                 os._exit(1)
 
-        _shared.wait_mapped = dying  # type: ignore[assignment]
+        _shared.wait_acknowledged = dying  # type: ignore[assignment]
         return self.sender.send(weights)
 
 

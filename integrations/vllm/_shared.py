@@ -190,7 +190,7 @@ def _send_cpu(channel: Channel, head: bytes, tensors: list[torch.Tensor], size: 
     _write(shared.tensor, head, tensors)
     channel.store.set(str(channel.bucket), pickle.dumps(shared.handle))
     acks = _acks(channel, channel.bucket)
-    wait_mapped(channel, acks)
+    wait_acknowledged(channel, acks)
     shared.release()
     channel._shared = None
     _forget(channel, channel.bucket, acks)
@@ -204,7 +204,7 @@ def _send_cuda(channel: Channel, head: bytes, tensors: list[torch.Tensor], devic
     previous = waits_for(bucket)
     if previous is not None:
         acks = _acks(channel, previous)
-        wait_mapped(channel, acks)
+        wait_acknowledged(channel, acks)
         _forget(channel, previous, acks)
     if channel._slots is None:
         collect: Any = torch.cuda.ipc_collect  # untyped in torch
@@ -231,7 +231,7 @@ def _write(blob: torch.Tensor, head: bytes, tensors: list[torch.Tensor]) -> None
         offset += nbytes
 
 
-def wait_mapped(channel: Channel, keys: list[str]) -> None:
+def wait_acknowledged(channel: Channel, keys: list[str]) -> None:
     """Block until every receiver has acknowledged a bucket (the send's deadline)."""
     channel.store.wait(keys, channel.timeout)
 
@@ -241,7 +241,7 @@ def end(channel: Channel) -> None:
     any), free the slots, then say so."""
     if channel._slots is not None:
         pending = {bucket: _acks(channel, bucket) for bucket in unacknowledged(channel.bucket)}
-        wait_mapped(channel, [key for acks in pending.values() for key in acks])
+        wait_acknowledged(channel, [key for acks in pending.values() for key in acks])
         for bucket, acks in pending.items():
             _forget(channel, bucket, acks)
         channel._slots = None
@@ -298,7 +298,8 @@ def _copy_cuda(channel: Channel, handle: dict[str, Any], device: str) -> torch.T
     import torch
 
     slot, size = handle["slot"], handle["size"]
-    if channel._opened.get(slot, (None,))[0] != handle["buffer"]:
+    opened = channel._opened.get(slot)
+    if opened is None or opened[0] != handle["buffer"]:
         channel._opened.pop(slot, None)  # closed first: torch must not find it for the new one
         channel._opened[slot] = (handle["buffer"], _open_cuda(handle, channel.rank, device))
     mapped = channel._opened[slot][1]
