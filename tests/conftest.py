@@ -145,6 +145,8 @@ def every_slot_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
         while not router.closed and (any(router.scheduler.in_flight())
                                      or router.scheduler.queued()):
             if time.monotonic() > deadline:
-                pytest.fail(f"{mesh!r} still has calls after the test: load {mesh.load()}, "
-                            f"{router.scheduler.queued()} queued")
+                load, queued = mesh.load(), router.scheduler.queued()
+                mesh.shutdown()  # this test fails; the tests after it must not inherit the mesh
+                pytest.fail(f"{mesh!r} still has calls after the test: load {load}, "
+                            f"{queued} queued")
             time.sleep(0.01)

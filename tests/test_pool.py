@@ -414,7 +414,10 @@ def test_when_every_actor_is_dead_calls_fail_instead_of_hanging() -> None:
         with pytest.raises(am.MeshError) as raised:
             pool.get_next(timeout=60)
         errors.append(type(raised.value))
-    assert errors == [am.ActorDiedError, am.ActorDiedError, am.NoLiveActorsError]
+    # The waiting call fails as having no live actor, or as sent to one whose death the pool
+    # learnt only from that call's end (the kills land in either order): it never hangs.
+    assert errors[:2] == [am.ActorDiedError, am.ActorDiedError]
+    assert errors[2] in (am.NoLiveActorsError, am.ActorDiedError)
     pool.submit(tag_of, 3)
     with pytest.raises(am.NoLiveActorsError):
         pool.get_next(timeout=60)
