@@ -134,6 +134,7 @@ def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bo
         return True
     if not _ray.connected():
         return True  # each future reads its own outcome, and is refused there
+
     def failed() -> bool:  # cancelled or timed out meanwhile: its ref may not end for long
         return any(f._future.failed() for f, _ in lone)
 

@@ -190,16 +190,14 @@ def get_until(refs: Any, timeout: float | None, stop: Callable[[], bool],
     return None
 
 
-def wait(refs: list[Any], num_returns: int, timeout: float | None, *,
-         fetch_local: bool = True) -> tuple[list[Any], list[Any]]:
+def wait(refs: list[Any], num_returns: int, timeout: float | None) -> tuple[list[Any], list[Any]]:
     """`ray.wait`, refused with a `MeshError` when Ray is not running (where it would start a
     new cluster); Ray's failures that are not a task's own (its `SystemExit` and system errors
     while it shuts down meanwhile) are `MeshError`s too, as in `get`."""
     if not connected():
         raise MeshError(NOT_RUNNING)
     try:
-        done, pending = ray.wait(refs, num_returns=num_returns, timeout=timeout,
-                                 fetch_local=fetch_local)
+        done, pending = ray.wait(refs, num_returns=num_returns, timeout=timeout)
     except (SystemExit, RaySystemError) as err:
         raise ray_failure("waiting for ObjectRefs", err) from err
     return done, pending
