@@ -59,11 +59,12 @@ _pools: list[am.ActorPool[Any]] = []
 def pools_give_back_every_slot() -> Iterator[None]:
     """After each test, every pool's current mesh has no call in flight and none queued."""
     yield
-    for pool in _pools:
+    pools = list(_pools)
+    _pools.clear()  # a pool left with calls fails this test only, not every test after it
+    for pool in pools:
         scheduler = pool._gen.scheduler if pool._gen is not None else None
         if scheduler is not None:
             wait_until(lambda s=scheduler: not any(s.in_flight()) and not s.queued())
-    _pools.clear()
 
 
 def members(count: int) -> list[Any]:

@@ -290,17 +290,22 @@ class Plain:
 
 def killed(actor: Any, timeout: float = 60.0) -> None:
     """`ray.kill(actor)` and wait until Ray says it is dead (a kill is sent, not awaited: until
-    it lands, the actor may still finish a call)."""
+    it lands, the actor may still finish a call).
+
+    Dead means a probe sent after the kill failed. A threaded actor (`max_concurrency` > 1) runs
+    a probe at once, beside its other calls, and may answer it before the kill lands: then the
+    next probe goes."""
     ray.kill(actor)
-    probe = actor.__ray_ready__.remote()  # queued behind what the actor runs: fails once dead
+    probe = [actor.__ray_ready__.remote()]
 
     def dead() -> bool:
         try:
-            ray.get(probe, timeout=0.05)
+            ray.get(probe[0], timeout=0.05)
         except ray.exceptions.RayActorError:
             return True
         except ray.exceptions.GetTimeoutError:
             return False
+        probe[0] = actor.__ray_ready__.remote()  # answered: the kill had not landed yet
         return False
 
     wait_until(dead, timeout)
