@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import ray._private.auto_init_hook as _auto_init
+from metrics_export import free_port
 
 import actormesh as am
 from actormesh import _loop
@@ -45,6 +46,10 @@ def _recording_assemble(self: am.ActorMesh[Any], *args: Any, **kwargs: Any) -> N
 am.ActorMesh._assemble = _recording_assemble  # type: ignore[method-assign]
 
 
+METRICS_PORT = free_port()
+"""Where the session cluster's metrics agent serves Prometheus (`metrics_port`)."""
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(pytestconfig: pytest.Config) -> Iterator[None]:
     import ray
@@ -64,6 +69,7 @@ def ray_cluster(pytestconfig: pytest.Config) -> Iterator[None]:
             object_store_memory=200 * 1024**2,
             log_to_driver=False,
             configure_logging=False,
+            _metrics_export_port=METRICS_PORT,
         )
     yield
     _shut_every_mesh()
@@ -117,6 +123,15 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from actormesh.integrations.vllm.tiny import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("vllm") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def metrics_port(ray_cluster: None) -> int:
+    """The port of the session cluster's Prometheus endpoint (Ray's metrics agent, which
+    `ray[default]` brings: `pip install actormesh[metrics]`)."""
+    pytest.importorskip("opencensus", reason="Ray's metrics agent needs ray[default] "
+                        "(pip install actormesh[metrics])")
+    return METRICS_PORT
 
 
 @pytest.fixture(scope="session")

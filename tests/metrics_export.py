@@ -30,10 +30,11 @@ def free_port() -> int:
         return port
 
 
-def scrape(port: int) -> list[str]:
+def scrape(port: int, *parts: str) -> list[str]:
+    """The lines of Ray's Prometheus page that hold every one of `parts`."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
         text: str = page.read().decode()
-    return [line for line in text.splitlines() if "actormesh" in line and 'mesh="metered"' in line]
+    return [line for line in text.splitlines() if all(p in line for p in parts)]
 
 
 def settled(lines: list[str]) -> bool:
@@ -66,7 +67,7 @@ def main() -> None:
     deadline = time.monotonic() + 90  # Ray's agent exports every few seconds
     while time.monotonic() < deadline:
         try:
-            lines = scrape(port)
+            lines = scrape(port, "actormesh", 'mesh="metered"')
         except OSError:
             lines = []
         if all(any(w in line for line in lines) for w in WANTED) and settled(lines):

@@ -7,12 +7,14 @@ restart."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
 import torch
+from metrics_export import scrape
 from safetensors.torch import load_file
 from vllm_faults import fail_next_load
 from workers import wait_until
@@ -83,6 +85,29 @@ def test_engines_hand_vllms_own_metrics_to_rays(pool: EnginePool) -> None:
                         "(pip install actormesh[metrics])")
     for loggers in pool.mesh.run_in_actors(stat_loggers).get(timeout=60):
         assert "RayPrometheusStatLogger" in loggers, loggers
+
+
+def test_vllms_own_metrics_reach_rays_prometheus_endpoint(
+    pool: EnginePool, reference: list[Generation], metrics_port: int
+) -> None:
+    """What an operator's Prometheus scrapes: vLLM's token counter, summed over the engines,
+    counts at least the tokens the reference generation produced (Ray's agent exports every
+    few seconds)."""
+    pytest.importorskip("ray.serve", reason="vLLM's Ray stat logger needs Ray Serve "
+                        "(pip install actormesh[metrics])")
+    generated = len(reference) * GREEDY["max_tokens"]
+
+    def counted() -> float:
+        try:
+            lines = scrape(metrics_port, "ray_vllm_generation_tokens_total{")
+        except OSError:
+            return 0.0
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    deadline = time.monotonic() + 90
+    while (seen := counted()) < generated:
+        assert time.monotonic() < deadline, f"{seen} of {generated} tokens exported"
+        time.sleep(0.5)  # polling an HTTP endpoint: no signal to wait on
 
 
 @pytest.mark.parametrize("mode", ["keep", "abort", "wait"])
