@@ -108,8 +108,10 @@ class Failures:
         stop routing to it at once, and let the loop thread decide what became of it."""
         if self._closed:
             return
-        life = self._lives[actor]
-        if life.status is Status.ALIVE and life.routed == epoch:
+        # Whatever `_lives` says: the loop thread replaces the life with a death notice's before
+        # it tells the scheduler, and a slot freed in between would send a queued call to the
+        # dead actor. Marking one the scheduler already holds dead changes nothing.
+        if self._lives[actor].routed == epoch:
             self._scheduler.mark_dead(actor, restarting=True)
         _loop.post(self._event, actor, Lost(epoch))
 
