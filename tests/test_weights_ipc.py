@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch._C._distributed_c10d import TCPStore
 from torch.distributed import DistStoreError
-from weights_workers import cuda_receiver, shared_maps
+from weights_workers import cuda_receiver, shared_here
 
 from actormesh.integrations.vllm import _shared, _transfer
 from actormesh.integrations.vllm._sender import Place, choose_backend
@@ -114,7 +114,7 @@ def test_an_ipc_bucket_reaches_each_receiver_as_its_blob_and_nothing_stays_share
     assert all(torch.equal(got[1][name], tensor) for name, tensor in tensors)
     assert got[2] == [_transfer.blob(b) for b in buckets]
     got.clear()
-    assert shared_maps() == 0
+    assert shared_here() == 0
 
 
 def test_a_bucket_no_receiver_maps_is_let_go_of_at_the_sends_deadline() -> None:
@@ -124,10 +124,10 @@ def test_a_bucket_no_receiver_maps_is_let_go_of_at_the_sends_deadline() -> None:
     try:
         with pytest.raises(DistStoreError, match="[Tt]imeout"):
             _transfer.send_bucket(sender, [("w", torch.ones(1024))], "cpu")
-        assert shared_maps() > 0  # the bucket the sender shares
+        assert shared_here() > 0  # the bucket the sender shares
     finally:
         _transfer.drop("ipc-test-lonely")
-    assert shared_maps() == 0
+    assert shared_here() == 0
 
 
 def test_a_receiver_that_gets_no_bucket_fails_at_the_deadline_instead_of_hanging() -> None:

@@ -87,6 +87,13 @@ def shared_maps(_: Any = None) -> int:
     return sum(_shared_in(p.pid) for p in [me, *me.children(recursive=True)])
 
 
+def shared_here() -> int:
+    """How many shared weight buckets this process alone maps or holds open. Not its children:
+    a driver's children are the Ray cluster it started, whose pools' ports keep the buckets
+    they were sent."""
+    return _shared_in(os.getpid())
+
+
 def _shared_in(pid: int) -> int:
     count = 0
     try:
