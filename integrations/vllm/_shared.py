@@ -128,34 +128,40 @@ def unacknowledged(buckets: int) -> range:
 
 # -- the sender -------------------------------------------------------------------------------
 class _Shared:
-    """A CPU blob of `size` bytes in an anonymous memory file: `tensor` to write it, `handle` to
-    map it."""
+    """A CPU blob in an anonymous memory file, written once through the file (the header, then
+    each tensor's bytes); `handle` lets a receiver map it."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, head: bytes, tensors: list[torch.Tensor]) -> None:
         import torch
 
         self._file: int | None = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC)
-        self._map: mmap.mmap | None = None
         try:
-            os.posix_fallocate(self._file, 0, size)  # no room: an error now, not a SIGBUS
-            self._map = mmap.mmap(self._file, size)
+            # Written, not mapped and copied into: a page written whole is never zeroed first
+            # (a mapping would fault in each page, zeroed, then copy over it), and no room is
+            # an OSError here, not a SIGBUS.
+            size = _write_all(self._file, head)
+            for tensor in tensors:
+                if tensor.numel():
+                    size += _write_all(self._file, tensor.reshape(-1).view(torch.uint8).numpy())
         except BaseException:
             os.close(self._file)
             raise
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
         self.handle: dict[str, Any] = {"pid": os.getpid(), "fd": self._file,
                                        "inode": os.fstat(self._file).st_ino, "size": size}
 
     def release(self) -> None:
-        del self.tensor  # the map cannot close while a tensor exports it
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view lives on (a failed send's traceback): it unmaps last
-                pass
         if self._file is not None:
             os.close(self._file)
-        self._map, self._file = None, None
+        self._file = None
+
+
+def _write_all(file: int, data: Any) -> int:
+    """Write all of `data` (a buffer) at the file's end; its length."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.write(file, view[done:])
+    return done
 
 
 class _Exported:
@@ -177,17 +183,16 @@ class _Exported:
 def send(channel: Channel, head: bytes, tensors: list[torch.Tensor], device: str) -> None:
     """Share one bucket (its header, then each tensor's bytes, as `_transfer.layout` made them):
     a CPU bucket until every receiver has mapped it, a CUDA one in the next slot."""
-    size = len(head) + sum(t.numel() * t.element_size() for t in tensors)
     if device == "cpu":
-        _send_cpu(channel, head, tensors, size)
+        _send_cpu(channel, head, tensors)
     else:
+        size = len(head) + sum(t.numel() * t.element_size() for t in tensors)
         _send_cuda(channel, head, tensors, device, size)
     channel.bucket += 1
 
 
-def _send_cpu(channel: Channel, head: bytes, tensors: list[torch.Tensor], size: int) -> None:
-    shared = channel._shared = _Shared(size)
-    _write(shared.tensor, head, tensors)
+def _send_cpu(channel: Channel, head: bytes, tensors: list[torch.Tensor]) -> None:
+    shared = channel._shared = _Shared(head, tensors)
     channel.store.set(str(channel.bucket), pickle.dumps(shared.handle))
     acks = _acks(channel, channel.bucket)
     wait_acknowledged(channel, acks)
