@@ -99,10 +99,14 @@ def _shared_in(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/maps") as maps:
             count += sum("memfd:actormesh-weights" in line for line in maps)
-        for fd in os.listdir(f"/proc/{pid}/fd"):
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # it ended meanwhile
+        return count
+    for fd in fds:
+        try:
             count += "memfd:actormesh-weights" in os.readlink(f"/proc/{pid}/fd/{fd}")
-    except OSError:  # it ended meanwhile, or a descriptor closed while read
-        pass
+        except OSError:  # this descriptor closed while read (another thread's socket): the
+            pass          # others still count
     return count
 
 
