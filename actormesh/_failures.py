@@ -163,21 +163,25 @@ class Failures:
 
     def _report(self, actor: int, before: Life, after: Life) -> None:
         """Log (WARNING) and count in the mesh's metrics what Ray said became of the actor:
-        it died, came back after a restart, or will not come back."""
+        it died, came back after a restart, or will not come back. Once this driver has left
+        Ray (`ray.shutdown()`, the interpreter's exit), the actors it owns die with it: that is
+        expected, and logged at DEBUG only."""
         name = f"{self.label}: {self._names[actor]}"
+        level = logging.WARNING if _ray.connected() else logging.DEBUG
         if before.seen == "alive" and after.seen != "alive":
             self._count("died")
             if after.seen == "restarting":
-                log.warning("actormesh: %s died; Ray is restarting it", name)
+                log.log(level, "actormesh: %s died; Ray is restarting it", name)
         if after.status is Status.DEAD and before.status is not Status.DEAD:
-            log.warning("actormesh: %s died and will not be restarted (max_restarts reached, or "
-                        "killed for good)", name)
+            log.log(level, "actormesh: %s died and will not be restarted (max_restarts reached, "
+                    "or killed for good)", name)
         elif after.status is Status.GONE and before.status is not Status.GONE:
-            log.warning("actormesh: %s did not come back within restart_timeout_s=%s s; its "
-                        "calls failed", name, self._restart_timeout_s)
+            log.log(level, "actormesh: %s did not come back within restart_timeout_s=%s s; its "
+                    "calls failed", name, self._restart_timeout_s)
         elif after.status is Status.ALIVE and after.routed > before.routed:
             self._count("restarted")
-            log.warning("actormesh: %s is back after a restart (restart %d)", name, after.routed)
+            log.log(level, "actormesh: %s is back after a restart (restart %d)", name,
+                    after.routed)
 
     def _count(self, event: str) -> None:
         if self.metrics is not None:
