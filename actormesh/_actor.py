@@ -30,6 +30,7 @@ from ._runner import (
     BATCH,
     STREAM,
     Item,
+    Listed,
     Packed,
     run_concurrently,
     run_in_order,
@@ -128,7 +129,7 @@ def remote_class(cls: type[Any], concurrency_groups: Mapping[str, int] | None = 
             result = fn(self, *args, **kwargs)
             return await result if inspect.isawaitable(result) else result
 
-        async def batch_async(self: Any, items: list[Item]) -> list[Packed]:
+        async def batch_async(self: Any, items: list[Item]) -> Listed:
             return await run_concurrently(self, items, concurrency_bound())
 
         async def stream_async(self: Any, items: list[Item]) -> AsyncIterator[tuple[int, Packed]]:
@@ -147,7 +148,7 @@ def remote_class(cls: type[Any], concurrency_groups: Mapping[str, int] | None = 
             result = fn(self, *args, **kwargs)
             return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
 
-        def batch(self: Any, items: list[Item]) -> list[Packed]:
+        def batch(self: Any, items: list[Item]) -> Listed:
             return run_in_order(self, items)
 
         def stream(self: Any, items: list[Item]) -> Iterator[tuple[int, Packed]]:

@@ -277,7 +277,7 @@ class Task:
     outcome; its calls' values are read from it by their callers (`value`)."""
 
     __slots__ = ("router", "calls", "actor", "epoch", "started", "wire", "ref", "out",
-                 "results", "error", "_waiting", "_claims", "__weakref__")
+                 "results", "busy_s", "error", "_waiting", "_claims", "__weakref__")
 
     def __init__(self, router: Router, calls: list[Call], actor: int, wire: int) -> None:
         self.router = router
@@ -289,6 +289,7 @@ class Task:
         self.ref: Any = None  # what its end is watched on (a generator's completion: STREAM)
         self.out: Any = None  # LONE: what the Ray call returned (the refs `fn` returned)
         self.results: list[Any] = []  # LIST/STREAM: each call's packed outcome (`_runner`)
+        self.busy_s = math.nan  # LIST: the seconds the actor reported running the calls
         self.error: BaseException | None = None  # STREAM: what the task ended with, if it failed
         self._waiting = 0  # STREAM: the reports and the end not yet arrived
         self._claims = [True]  # one to take: whoever ends the task (see `claim`)
@@ -323,8 +324,8 @@ class Task:
         if isinstance(envelope, BaseException):
             self.router.end(self, [_failed(envelope)] * len(self.calls), envelope)
         else:
-            self.results = envelope
-            self.router.end(self, [_packed_outcome(p) for p in envelope], None)
+            self.busy_s, self.results = envelope
+            self.router.end(self, [_packed_outcome(p) for p in self.results], None)
 
     def _reported(self, item: Any) -> None:
         """STREAM: one call's `(index, packed outcome)` has arrived (an error: it never will)."""
@@ -777,7 +778,8 @@ class Router:
                 failed = sum(o != _ray.OK and o != SKIPPED for o in outcomes)
                 drained = self.scheduler.complete(
                     actor, task.started, ended, failed=failed, drain=self._drain_inline,
-                    calls=len(calls), method=_method_of(calls), timed=timed and ran > 0)
+                    calls=len(calls), method=_method_of(calls), timed=timed and ran > 0,
+                    busy_s=task.busy_s)
             self._hand_on(drained, actor)
             metrics = self.metrics
             counted: list[tuple[str, str]] = []  # each call's method and outcome, for metrics

@@ -10,7 +10,9 @@ actor, before anything leaves it:
 - a call the task cannot run as Ray would run it alone (its method belongs to a concurrency
   group of its own) is not started (`Skipped`): the driver sends it alone.
 So the task itself never raises: one call's failure never touches the others', and the driver
-counts failures per call from the envelope (`list` of packed outcomes).
+counts failures per call from the envelope (`Listed`: the packed outcomes, and the seconds the
+actor spent running them, on its own clock, which is what sizes the next batches: the driver's
+view of a task of tiny calls is mostly its own delays).
 
 A synchronous actor runs the calls in order, as Ray runs separate calls to it. An asyncio actor
 runs them concurrently on its event loop, each holding a slot of the actor's own bound
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import pickle
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
@@ -70,6 +73,8 @@ class Skipped:
 
 
 Packed = bytes | Raised | Skipped
+Listed = tuple[float, list[Packed]]
+"""A task's value: the seconds the actor spent running its calls, and each call's outcome."""
 
 
 # -- packing, in the actor ------------------------------------------------------------------------
@@ -151,9 +156,11 @@ async def _await_one(instance: Any, name: str, args: tuple[Any, ...], kwargs: di
 
 
 # -- the task, in the actor -----------------------------------------------------------------------
-def run_in_order(instance: Any, items: Sequence[Item]) -> list[Packed]:
+def run_in_order(instance: Any, items: Sequence[Item]) -> Listed:
     """A synchronous actor: each call in turn, as Ray would run them."""
-    return [_run_one(instance, *item) for item in items]
+    start = time.perf_counter()
+    packed = [_run_one(instance, *item) for item in items]
+    return time.perf_counter() - start, packed
 
 
 def stream_in_order(instance: Any, items: Sequence[Item]) -> Iterator[tuple[int, Packed]]:
@@ -173,11 +180,13 @@ def _limit(max_concurrency: int) -> asyncio.Semaphore:
 
 
 async def run_concurrently(instance: Any, items: Sequence[Item],
-                           max_concurrency: int) -> list[Packed]:
+                           max_concurrency: int) -> Listed:
     """An asyncio actor: every call on its event loop, at most `max_concurrency` at once
     (cancelling the task cancels every call still running)."""
     limit = _limit(max_concurrency)
-    return list(await asyncio.gather(*(_await_one(instance, *item, limit) for item in items)))
+    start = time.perf_counter()
+    packed = list(await asyncio.gather(*(_await_one(instance, *item, limit) for item in items)))
+    return time.perf_counter() - start, packed
 
 
 async def stream_concurrently(instance: Any, items: Sequence[Item],
@@ -196,7 +205,7 @@ async def stream_concurrently(instance: Any, items: Sequence[Item],
             task.cancel()
 
 
-def run_in_actor(instance: Any, items: Sequence[Item]) -> list[Packed]:
+def run_in_actor(instance: Any, items: Sequence[Item]) -> Listed:
     """A task for an actor made elsewhere, through `handle.__ray_call__` (only actors that run
     calls in order take tasks of several calls: `_calls.Router`)."""
     return run_in_order(instance, items)

@@ -130,6 +130,7 @@ class ActorLoad:
 class Method:
     alone: bool
     ewma_s: float | None = None
+    reported: bool = False  # an actor has reported running its calls: the estimate's only source
     recent: list[float] = field(default_factory=list)  # a ring of the latest samples
     next: int = 0  # where the next sample goes once the ring is full
 
@@ -383,9 +384,11 @@ class Scheduler:
         return out
 
     def complete(self, actor: int, started_s: float, ended_s: float, failed: int, *,
-                 calls: int = 1, method: int = 0, timed: bool = True) -> list[Decision]:
+                 calls: int = 1, method: int = 0, timed: bool = True,
+                 busy_s: float = math.nan) -> list[Decision]:
         """Ends a task of `calls` calls on `actor`, `failed` of which failed, learns its service
-        time per call, and dispatches what its slots free."""
+        time per call (the method's from `busy_s`, the actor's own report, when finite), and
+        dispatches what its slots free."""
         self._check_actor(actor)
         self._method(method)
         if not (math.isfinite(started_s) and math.isfinite(ended_s)):
@@ -409,7 +412,7 @@ class Scheduler:
         load.failures_in_a_row = 0 if calls - failed >= failed else \
             failed + (load.failures_in_a_row if failed == calls else 0)
         if timed:
-            self._record(load, started_s, ended_s, failed, calls, self._methods[method])
+            self._record(load, started_s, ended_s, failed, calls, self._methods[method], busy_s)
         self._blocked += was - self._eligible(actor)
         self._rerate(actor, rating)
         return self._drain(actor)
@@ -815,12 +818,14 @@ class Scheduler:
             self._clock = now_s
 
     def _record(self, load: ActorLoad, started_s: float, ended_s: float, failed: int,
-                calls: int, method: Method) -> None:
+                calls: int, method: Method, busy_s: float = math.nan) -> None:
         """Service time per call: from the later of the task's start and the actor's previous
         completion, shared equally by its calls, each one sample. A start-up sample (the
         incarnation's first) may lower an estimate, never raise or make one. A failed call is
         no sample of its method, and for the actor a penalty: FAILURE_PENALTY times the larger
-        of its share and the actor's estimate (the method's while it is unmeasured)."""
+        of its share and the actor's estimate (the method's while it is unmeasured). The
+        method's estimate learns from the actor's own `busy_s` when finite; its window of recent
+        samples, like the actor, from the share."""
         share = (ended_s - max(started_s, load.last_end_s)) / calls
         load.last_end_s = max(load.last_end_s, ended_s)
         if share < 0:
@@ -831,13 +836,19 @@ class Scheduler:
             load.stale = False
         succeeded = calls - failed
         if succeeded:
-            self._learn(load, share, succeeded, startup, stale, method)
+            self._learn(load, share, succeeded, startup, stale, method, busy_s / calls)
         for _ in range(failed):
             self._learn_failure(load, share, method)
 
     def _learn(self, load: ActorLoad, sample: float, calls: int, startup: bool, stale: bool,
-               method: Method) -> None:
+               method: Method, busy_per_call: float = math.nan) -> None:
+        """`sample` (the share) for the actor and the method's window; for the method's
+        estimate the actor's report of its busy time (`busy_per_call`), as one sample (the first
+        replaces the estimate), or, until an actor has reported, the share."""
         weight = self._alpha if calls == 1 else 1.0 - (1.0 - self._alpha) ** calls
+        reported = math.isfinite(busy_per_call)
+        method_sample, method_weight = ((max(busy_per_call, 0.0), self._alpha)
+                                        if reported else (sample, weight))
         if load.ewma_s is None:  # the first sample moves the prior like any other
             if not startup:
                 prior = self._prior_s if self._prior_s > 0 else self._mean_ewma_or(sample)
@@ -860,11 +871,17 @@ class Scheduler:
             self._ewma_sum += load.ewma_s - old
         if not startup:
             load.latest.append(sample)
-        if startup:
-            if method.ewma_s is not None and sample < method.ewma_s:
-                method.ewma_s = lower(method.ewma_s, sample, weight)
-        else:
-            method.ewma_s = sample if method.ewma_s is None else lower(method.ewma_s, sample, weight)
+        if reported and not method.reported:  # the first report: drop what the shares taught
+            method.reported = True
+            method.ewma_s = None
+        if reported or not method.reported:
+            if startup:
+                if method.ewma_s is not None and method_sample < method.ewma_s:
+                    method.ewma_s = lower(method.ewma_s, method_sample, method_weight)
+            else:
+                method.ewma_s = (method_sample if method.ewma_s is None
+                                 else lower(method.ewma_s, method_sample, method_weight))
+        if not startup:
             if len(method.recent) < RECENT:
                 method.recent.append(sample)
             else:

@@ -465,19 +465,21 @@ NB_MODULE(_native, m) {
       .def(
           "complete",
           [](PyScheduler& s, int64_t actor, double started_s, double ended_s, nb::handle failed,
-             bool drain, int64_t calls, int64_t method, bool timed) {
+             bool drain, int64_t calls, int64_t method, bool timed, double busy_s) {
             const int64_t count = failed_calls(failed);
             Drain drained = with_gil_rule(s, [&] {
-              return s.complete(actor, started_s, ended_s, count, drain, calls, method, timed);
+              return s.complete(actor, started_s, ended_s, count, drain, calls, method, timed,
+                                busy_s);
             });
             tell_ejections(s);
             return finish(std::move(drained));
           },
           "actor"_a, "started_s"_a, "ended_s"_a, "failed"_a, "drain"_a = true, "calls"_a = 1,
           "method"_a = 0, "timed"_a = true,
+          "busy_s"_a = std::numeric_limits<double>::quiet_NaN(),
           nb::sig("def complete(self, actor: int, started_s: float, ended_s: float, failed: int, "
-                  "drain: bool = True, calls: int = 1, method: int = 0, timed: bool = True) "
-                  "-> list[Decision]"))
+                  "drain: bool = True, calls: int = 1, method: int = 0, timed: bool = True, "
+                  "busy_s: float = ...) -> list[Decision]"))
       .def(
           "drain",
           [](PyScheduler& s, int64_t actor) {

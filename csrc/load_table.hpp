@@ -75,8 +75,9 @@ struct ActorLoad {
 struct MethodLoad {
   bool alone = false;  // declared never to be batched
   bool measured = false;
-  double ewma_s = 0.0;  // service time per call, seconds, slow to rise (see `lower`)
-  RecentTimes recent;   // the latest samples, for a percentile (the hedge delay)
+  bool reported = false;  // an actor has reported running its calls (see LoadTable::record)
+  double ewma_s = 0.0;    // service time per call, seconds, slow to rise (see `lower`)
+  RecentTimes recent;     // the latest samples, for a percentile (the hedge delay)
 };
 
 // A moving average that falls as an EWMA does and rises `kRiseSlower` times slower. A sample
@@ -233,6 +234,19 @@ class LoadTable {
   // Without `timed` the end time is not known well enough to measure anything: only the
   // outcome counts.
   //
+  // `busy_s`, when finite, is how long the actor itself spent running the task's calls, on its
+  // own clock (NaN: not reported; a task of one call goes as the method's own Ray call, which
+  // reports nothing). The method's estimate is what a call costs the actor, for sizing batches:
+  // the first report replaces it, and from then on the method learns from reports only (an
+  // unmeasured method's batches stay small, so reports come). A share measured on the
+  // driver carries the round trip (a lone call's, ~1-2 ms) and the spacing at which a busy
+  // driver happens to see completions; mixed in, it swung one no-op method's estimate between 3
+  // µs and 1 ms from one burst to the next, and with it the batches' sizes. A report moves the
+  // estimate as one sample, not `calls`: what disturbs it (the actor's process descheduled
+  // mid-task on a loaded machine, a collection of its garbage) is one event shared by its calls.
+  // The actor's own estimate, and the method's window of recent times, keep the share: they are
+  // about what the driver waits.
+  //
   // Start-up: the first completion of an incarnation (`fresh`) may have waited for the actor's
   // __init__ (a call sent to an actor that is still starting). Such a sample may lower an
   // estimate but never raise one, and never makes one: an actor (or method) whose only sample
@@ -241,7 +255,8 @@ class LoadTable {
   // samples never enter the percentile window. A stale estimate (see `add`) is replaced by the
   // next sample: a straggler that was passed over for long may have recovered.
   void record(uint32_t actor, double started_s, double ended_s, uint32_t failed,
-              uint32_t calls = 1, uint32_t method = 0, bool timed = true) {
+              uint32_t calls = 1, uint32_t method = 0, bool timed = true,
+              double busy_s = std::numeric_limits<double>::quiet_NaN()) {
     ActorLoad& a = actors_[actor];
     const uint32_t succeeded = calls - failed;
     if (succeeded >= failed) {
@@ -261,7 +276,9 @@ class LoadTable {
     if (succeeded > 0) {
       const double weight = succeeded == 1 ? alpha_ : 1.0 - std::pow(1.0 - alpha_, succeeded);
       learn_actor(a, share, weight, startup, stale);
-      learn_method(methods_[method], share, weight, startup);
+      const bool reported = std::isfinite(busy_s);
+      learn_method(methods_[method], share, reported ? std::max(busy_s, 0.0) / calls : share,
+                   reported ? alpha_ : weight, reported, startup);
       if (!startup) remember_latest(a, share);
     }
     for (uint32_t call = 0; call < failed; ++call) learn_failure(a, share, methods_[method]);
@@ -319,15 +336,23 @@ class LoadTable {
     }
   }
 
-  // `record`'s sample for the method's estimate and its window of recent samples.
-  static void learn_method(MethodLoad& m, double sample, double weight, bool startup) {
+  // `record`'s samples for the method's window of recent times (`share`) and for its estimate
+  // (`sample`, an actor's report if `reported`).
+  static void learn_method(MethodLoad& m, double share, double sample, double weight,
+                           bool reported, bool startup) {
+    if (!startup) m.recent.add(share);
+    if (reported && !m.reported) {  // the first report: what the shares taught is dropped
+      m.reported = true;
+      m.measured = false;
+    } else if (!reported && m.reported) {
+      return;
+    }
     if (startup) {
       if (m.measured && sample < m.ewma_s) m.ewma_s = lower(m.ewma_s, sample, weight);
       return;
     }
     m.ewma_s = m.measured ? lower(m.ewma_s, sample, weight) : sample;
     m.measured = true;
-    m.recent.add(sample);
   }
 
   // `record`'s penalty for one failed call (see there); capped at kMaxTime.

@@ -91,10 +91,12 @@ class Scheduler {
   // Whether this scheduler may hold calls back (hold_ratio > 0, adaptive, task slots).
   bool may_hold() const;
   // Ends one Ray task of `calls` calls, `failed` of which failed (of `method` for its
-  // service-time sample; none without `timed`, when the end time is not known). With `drain`
-  // false the queued calls its slots could take are left for drain().
+  // service-time sample; none without `timed`, when the end time is not known; `busy_s`: the
+  // seconds the actor reported running them, NaN if it did not). With `drain` false the queued
+  // calls its slots could take are left for drain().
   Drain complete(int64_t actor, double started_s, double ended_s, int64_t failed,
-                 bool drain = true, int64_t calls = 1, int64_t method = 0, bool timed = true);
+                 bool drain = true, int64_t calls = 1, int64_t method = 0, bool timed = true,
+                 double busy_s = std::numeric_limits<double>::quiet_NaN());
   Drain drain(int64_t actor);
   // Gives back `calls` call slots that no call used (queued calls given a slot after they were
   // cancelled), and with `task` the task slot they were to share.

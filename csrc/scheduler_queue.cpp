@@ -176,7 +176,7 @@ void Scheduler::check_held(uint32_t actor, int64_t calls, bool task, const char*
 }
 
 Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, int64_t failed,
-                          bool drain, int64_t calls, int64_t method, bool timed) {
+                          bool drain, int64_t calls, int64_t method, bool timed, double busy_s) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t a = check_actor(actor);
   const uint32_t method_id = check_method(method);
@@ -195,7 +195,7 @@ Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, int64
   const Standing before = standing(a);
   loads_.add(a, -static_cast<int32_t>(calls), -1);
   loads_.record(a, started_s, ended_s, static_cast<uint32_t>(failed),
-                static_cast<uint32_t>(calls), method_id, timed);
+                static_cast<uint32_t>(calls), method_id, timed, busy_s);
   changed(a, before);
   eject_if_due(a, ended_s);
   end_ejections(ended_s);

@@ -59,7 +59,8 @@ class FakeRef:
         self.callback = callback
 
     def _on_completed(self, callback: Callable[[Any], None]) -> None:
-        """A task of several calls is ended with its value (its calls' packed outcomes)."""
+        """A task of several calls is ended with its value (the actor's busy time and its calls'
+        packed outcomes)."""
         self.harness.on_ready(self)
         self.callback = callback
 
@@ -151,8 +152,8 @@ class Harness:
         if ref.method != _runner.BATCH:
             self.ray_thread.run(lambda: callback(lost))
             return
-        ended = lost or error or [v if isinstance(v, _runner.Raised) else _runner._dumps(v)
-                                  for v in value]
+        ended = lost or error or (0.0, [v if isinstance(v, _runner.Raised) else _runner._dumps(v)
+                                        for v in value])
         self.ray_thread.run(lambda: callback(ended))
 
     def finish_all(self, actor: int, value: Any = None) -> None:

@@ -147,8 +147,11 @@ def run_both(
                 if actor == straggler:
                     begun -= 0.02
                 failed = 0 if rng.random() < 0.9 else rng.randint(1, calls)
+                # the actor's own report of its busy time, when it sent one (a task of several)
+                busy = math.nan if rng.random() < 0.5 else rng.choice(
+                    [0.0, rng.expovariate(2000.0) * calls, clock - begun])
                 started(same("complete", actor, begun, clock, failed, calls=calls,
-                             method=method, timed=rng.random() < 0.9))
+                             method=method, timed=rng.random() < 0.9, busy_s=busy))
             else:  # any actor and count, to check extra completes
                 calls = rng.randint(1, 3)
                 started(same("complete", rng.randrange(num_actors), begun, clock,

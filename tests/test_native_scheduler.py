@@ -425,6 +425,45 @@ def test_a_method_learns_its_service_time_after_start_up_too() -> None:
     assert s.method_latency_s(method) == pytest.approx(0.005)
 
 
+def test_once_an_actor_reports_its_busy_time_the_method_learns_from_reports_only() -> None:
+    s = Scheduler(1, coalesce=64)
+    method = s.add_method()
+    s.acquire(0)
+    s.complete(0, 0.0, 1.0, 0, method=method)  # the start-up: no estimate from it
+    s.acquire(0)
+    s.complete(0, 1.0, 1.002, 0, method=method)  # a lone call: 2 ms, round trip included
+    assert s.method_latency_s(method) == pytest.approx(0.002)
+    # a task of 50 calls that the driver saw take 25 ms, its actor busy 0.5 ms of it
+    for _ in range(50):
+        s.acquire(0)
+    s.complete(0, 2.0, 2.025, 0, calls=50, method=method, busy_s=0.0005)
+    assert s.method_latency_s(method) == pytest.approx(1e-5)  # the first report replaces it
+    estimate = s.method_latency_s(method)
+    for start in (3.0, 4.0, 5.0):  # lone calls (no report) leave the estimate as it is
+        s.acquire(0)
+        s.complete(0, start, start + 0.002, 0, method=method)
+    assert s.method_latency_s(method) == estimate
+    # so the batches it sizes follow what a call costs the actor, not the driver's round trips
+    assert s.batch_size(method) == 64
+    s.acquire(0)  # a report moves it again, as one sample
+    s.complete(0, 6.0, 6.01, 0, method=method, busy_s=0.001)
+    assert s.method_latency_s(method) == pytest.approx(1e-5 + 0.2 / 8 * (0.001 - 1e-5))
+
+
+def test_a_stall_in_one_task_moves_a_reported_estimate_as_one_sample() -> None:
+    s = Scheduler(1, coalesce=64)
+    method = s.add_method()
+    s.acquire(0)
+    s.complete(0, 0.0, 1.0, 0, method=method)  # the start-up
+    for start, busy in ((1.0, 64e-6), (2.0, 0.172), (3.0, 64e-6), (4.0, 64e-6)):
+        for _ in range(64):  # 64 calls of 1 µs; the second task's actor was descheduled
+            s.acquire(0)
+        s.complete(0, start, start + 0.2, 0, calls=64, method=method, busy_s=busy)
+    # 1 µs, then a rise of 0.2 / 8 of the stall's 2.7 ms per call, then two falls of 0.2 each
+    risen = 1e-6 + 0.2 / 8 * (0.172 / 64 - 1e-6)
+    assert s.method_latency_s(method) == pytest.approx(1e-6 + 0.8**2 * (risen - 1e-6))
+
+
 def complete_one_after_another(s: Scheduler, actor: int, samples: list[float],
                                method: int = 0) -> None:
     """One call per sample on `actor`, each sent as the one before it ended."""
