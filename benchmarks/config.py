@@ -28,7 +28,9 @@ class Config:
     batch_calls: int = 96
     batch_mean_s: float = 0.010
     batch_repeats: int = 6
-    tiny_calls: int = 800
+    # Long enough that a turn's start (the first calls go alone, before a backlog forms) does not
+    # decide it: at 800 calls two turns of the same mesh differed up to 2x, at 2,000 far less.
+    tiny_calls: int = 2000
     tiny_repeats: int = 8  # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`
     fault_measure_s: float = 1.5  # with its drain, long enough for Ray to restart the actor
     fault_drain_s: float = 1.5
