@@ -76,6 +76,7 @@ struct MethodLoad {
   bool alone = false;  // declared never to be batched
   bool measured = false;
   bool reported = false;  // an actor has reported running its calls (see LoadTable::record)
+  uint32_t unreported = 0;  // samples since the last report
   double ewma_s = 0.0;    // service time per call, seconds, slow to rise (see `lower`)
   RecentTimes recent;     // the latest samples, for a percentile (the hedge delay)
 };
@@ -94,6 +95,10 @@ inline double lower(double estimate, double sample, double weight) {
 // An actor not sent a task while the mesh was sent this many per actor is stale (its estimate
 // may be out of date); a held-back straggler's estimate counts half as much after as long.
 constexpr double kStaleTasksPerActor = 200.0;
+
+// A method's estimate learns from its actors' reports only until this many samples came
+// without one (see LoadTable::record).
+constexpr uint32_t kReportLasts = 64;
 
 // A failed call is a sample of this many times the actor's estimate (see LoadTable::record).
 constexpr double kFailurePenalty = 2.0;
@@ -245,7 +250,10 @@ class LoadTable {
   // estimate as one sample, not `calls`: what disturbs it (the actor's process descheduled
   // mid-task on a loaded machine, a collection of its garbage) is one event shared by its calls.
   // The actor's own estimate, and the method's window of recent times, keep the share: they are
-  // about what the driver waits.
+  // about what the driver waits. A report lasts kReportLasts samples: a method whose calls then
+  // went alone for that long learns from shares again (rising slowly, as before any report),
+  // so that calls grown slower meanwhile are not sized, nor sent unstreamed, by an old report;
+  // its next report replaces the estimate again.
   //
   // Start-up: the first completion of an incarnation (`fresh`) may have waited for the actor's
   // __init__ (a call sent to an actor that is still starting). Such a sample may lower an
@@ -341,11 +349,15 @@ class LoadTable {
   static void learn_method(MethodLoad& m, double share, double sample, double weight,
                            bool reported, bool startup) {
     if (!startup) m.recent.add(share);
-    if (reported && !m.reported) {  // the first report: what the shares taught is dropped
-      m.reported = true;
-      m.measured = false;
-    } else if (!reported && m.reported) {
-      return;
+    if (reported) {
+      m.unreported = 0;
+      if (!m.reported) {  // the first report: what the shares taught is dropped
+        m.reported = true;
+        m.measured = false;
+      }
+    } else if (m.reported) {
+      if (++m.unreported < kReportLasts) return;
+      m.reported = false;  // its calls have long gone alone: shares are all there is to learn
     }
     if (startup) {
       if (m.measured && sample < m.ewma_s) m.ewma_s = lower(m.ewma_s, sample, weight);

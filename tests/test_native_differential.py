@@ -128,6 +128,7 @@ def run_both(
 
     methods = [0, same("add_method", False)[1], same("add_method", True)[1]]
     straggler = rng.randrange(num_actors)
+    report_rate = rng.choice([0.5, 0.02])  # rare reports: they expire between two
     for _ in range(steps):
         roll = rng.random()
         if not any(ref.alive()):
@@ -148,7 +149,7 @@ def run_both(
                     begun -= 0.02
                 failed = 0 if rng.random() < 0.9 else rng.randint(1, calls)
                 # the actor's own report of its busy time, when it sent one (a task of several)
-                busy = math.nan if rng.random() < 0.5 else rng.choice(
+                busy = math.nan if rng.random() >= report_rate else rng.choice(
                     [0.0, rng.expovariate(2000.0) * calls, clock - begun])
                 started(same("complete", actor, begun, clock, failed, calls=calls,
                              method=method, timed=rng.random() < 0.9, busy_s=busy))

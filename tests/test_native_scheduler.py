@@ -450,6 +450,30 @@ def test_once_an_actor_reports_its_busy_time_the_method_learns_from_reports_only
     assert s.method_latency_s(method) == pytest.approx(1e-5 + 0.2 / 8 * (0.001 - 1e-5))
 
 
+def test_a_report_lasts_until_64_calls_went_alone_then_the_driver_times_count_again() -> None:
+    s = Scheduler(1, coalesce=64)
+    method = s.add_method()
+    s.acquire(0)
+    s.complete(0, 0.0, 1.0, 0, method=method)  # the start-up
+    s.acquire(0)
+    s.acquire(0)
+    s.complete(0, 1.0, 1.01, 0, calls=2, method=method, busy_s=0.002)
+    assert s.method_latency_s(method) == pytest.approx(0.001)
+    now = 2.0
+    for _ in range(63):  # calls of 30 ms, alone: the report still stands
+        s.acquire(0)
+        s.complete(0, now, now + 0.03, 0, method=method)
+        now += 1.0
+    assert s.method_latency_s(method) == pytest.approx(0.001)
+    s.acquire(0)  # the 64th: learnt again, rising slowly (an eighth of a sample)
+    s.complete(0, now, now + 0.03, 0, method=method)
+    assert s.method_latency_s(method) == pytest.approx(0.001 + 0.2 / 8 * (0.03 - 0.001))
+    s.acquire(0)  # and the next report replaces it again
+    s.acquire(0)
+    s.complete(0, now + 1.0, now + 1.1, 0, calls=2, method=method, busy_s=0.06)
+    assert s.method_latency_s(method) == pytest.approx(0.03)
+
+
 def test_a_stall_in_one_task_moves_a_reported_estimate_as_one_sample() -> None:
     s = Scheduler(1, coalesce=64)
     method = s.add_method()
