@@ -126,12 +126,15 @@ class ActorLoad:
         return self.known and self.spread < STEADY
 
 
+REPORT_LASTS = 64  # a method learns from reports only until this many samples came without one
+
+
 @dataclass
 class Method:
     alone: bool
     ewma_s: float | None = None
-    reported: bool = False  # an actor has reported running its calls: the estimate's only source
-    unreported: int = 0  # samples since the last report (REPORT_LASTS of them end its reign)
+    # samples since an actor last reported running its calls: a report stands below REPORT_LASTS
+    unreported: int = REPORT_LASTS
     recent: list[float] = field(default_factory=list)  # a ring of the latest samples
     next: int = 0  # where the next sample goes once the ring is full
 
@@ -165,7 +168,6 @@ RECENT = 64  # samples a method keeps for its percentile
 ENOUGH = 8  # fewer samples tell no percentile
 MIN_TIME = 1e-9
 MAX_TIME = 3600.0  # the longest estimate: failures in a row stop raising it there
-REPORT_LASTS = 64  # a method learns from reports only until this many samples came without one
 FAILURE_PENALTY = 2.0  # a failed call is a sample of this many times the actor's estimate
 STEADY = 0.25  # an actor whose spread is below this takes a second task behind its first
 STALE_TASKS_PER_ACTOR = 200.0  # an actor not sent a task for this many per actor is stale
@@ -874,15 +876,12 @@ class Scheduler:
         if not startup:
             load.latest.append(sample)
         if reported:
-            method.unreported = 0
-            if not method.reported:  # the first report: drop what the shares taught
-                method.reported = True
+            if method.unreported >= REPORT_LASTS:  # a first report: drop what the shares taught
                 method.ewma_s = None
-        elif method.reported:
+            method.unreported = 0
+        elif method.unreported < REPORT_LASTS:
             method.unreported += 1
-            if method.unreported >= REPORT_LASTS:  # long alone: learn from shares again
-                method.reported = False
-        if reported or not method.reported:
+        if reported or method.unreported >= REPORT_LASTS:  # else a report stands
             if startup:
                 if method.ewma_s is not None and method_sample < method.ewma_s:
                     method.ewma_s = lower(method.ewma_s, method_sample, method_weight)

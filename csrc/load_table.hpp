@@ -72,13 +72,18 @@ struct ActorLoad {
 
 // What the scheduler learns of one method (of every actor): its service time per call, and
 // whether its calls may ride a batch.
+// A method's estimate learns from its actors' reports only until this many samples came
+// without one (see LoadTable::record).
+constexpr uint32_t kReportLasts = 64;
+
 struct MethodLoad {
   bool alone = false;  // declared never to be batched
   bool measured = false;
-  bool reported = false;  // an actor has reported running its calls (see LoadTable::record)
-  uint32_t unreported = 0;  // samples since the last report
-  double ewma_s = 0.0;    // service time per call, seconds, slow to rise (see `lower`)
-  RecentTimes recent;     // the latest samples, for a percentile (the hedge delay)
+  // Samples since an actor last reported running its calls (LoadTable::record); a report
+  // stands while this is below kReportLasts, and none has yet at the start.
+  uint32_t unreported = kReportLasts;
+  double ewma_s = 0.0;  // service time per call, seconds, slow to rise (see `lower`)
+  RecentTimes recent;   // the latest samples, for a percentile (the hedge delay)
 };
 
 // A moving average that falls as an EWMA does and rises `kRiseSlower` times slower. A sample
@@ -95,10 +100,6 @@ inline double lower(double estimate, double sample, double weight) {
 // An actor not sent a task while the mesh was sent this many per actor is stale (its estimate
 // may be out of date); a held-back straggler's estimate counts half as much after as long.
 constexpr double kStaleTasksPerActor = 200.0;
-
-// A method's estimate learns from its actors' reports only until this many samples came
-// without one (see LoadTable::record).
-constexpr uint32_t kReportLasts = 64;
 
 // A failed call is a sample of this many times the actor's estimate (see LoadTable::record).
 constexpr double kFailurePenalty = 2.0;
@@ -350,14 +351,10 @@ class LoadTable {
                            bool reported, bool startup) {
     if (!startup) m.recent.add(share);
     if (reported) {
+      if (m.unreported >= kReportLasts) m.measured = false;  // what the shares taught: dropped
       m.unreported = 0;
-      if (!m.reported) {  // the first report: what the shares taught is dropped
-        m.reported = true;
-        m.measured = false;
-      }
-    } else if (m.reported) {
-      if (++m.unreported < kReportLasts) return;
-      m.reported = false;  // its calls have long gone alone: shares are all there is to learn
+    } else if (m.unreported < kReportLasts && ++m.unreported < kReportLasts) {
+      return;  // a report stands: shares do not move the estimate
     }
     if (startup) {
       if (m.measured && sample < m.ewma_s) m.ewma_s = lower(m.ewma_s, sample, weight);
