@@ -1,5 +1,7 @@
-"""Meshes that outlive `ray.shutdown()`, in a process of its own (the tests' session cluster
-must not be shut down). Run by tests/test_ray_shutdown.py; prints one JSON line of what it saw.
+"""Meshes that outlive `ray.shutdown()`, in a driver process of its own that joins the cluster
+at the address it is given (the tests' session cluster: `ray.shutdown()` ends this driver, and
+the actors it owns, not the cluster). Run by tests/test_ray_shutdown.py; prints one JSON line of
+what it saw.
 
 Ray's `.remote()`, `ray.get`, `ray.kill`, `ray.cancel` and `ray.get_actor` start a new local
 cluster when none is running. A mesh of the cluster that ended must never do that: not from
@@ -13,6 +15,7 @@ import asyncio
 import gc
 import json
 import logging
+import sys
 from typing import Any
 
 import ray
@@ -30,9 +33,8 @@ def failure(fn: Any) -> str:
     return "no error"
 
 
-def main() -> None:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)  # a cluster of its own, not the tests' session one
+def main(address: str) -> None:
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
     named = am.ActorMesh(Worker, shape=2, name="outlives-ray", num_cpus=0.25)
     dropped = am.ActorMesh(Worker, shape=1, num_cpus=0.25)
     assert named.methods.f.choose(1).get(timeout=60) == 1
@@ -61,4 +63,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    main()
+    main(sys.argv[1])

@@ -1,6 +1,7 @@
-"""Readers waiting for calls when `ray.shutdown()` runs, in a process of its own (the tests'
-session cluster must not be shut down). Run by tests/test_errors.py; prints one JSON line: what
-each reader raised.
+"""Readers waiting for calls when `ray.shutdown()` runs, in a driver process of its own that
+joins the cluster at the address it is given (the tests' session cluster: `ray.shutdown()` ends
+this driver, not the cluster). Run by tests/test_errors.py; prints one JSON line: what each
+reader raised.
 
 Ray raises `SystemExit` in a thread other than the main one that waits in `ray.get` while the
 core worker shuts down; a mesh's reader raises a `MeshError` saying Ray shut down instead. A
@@ -32,9 +33,8 @@ def outcome(fn: Any) -> str:
     return "no error"
 
 
-def main() -> None:
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)  # a cluster of its own, not the tests' session one
+def main(address: str) -> None:
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
     mesh = am.ActorMesh(Worker, shape=2, num_cpus=0.25)
     sig = signal()
     held = [mesh.methods.block.choose(sig) for _ in range(2)]
@@ -66,4 +66,4 @@ def innermost(thread: threading.Thread) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])

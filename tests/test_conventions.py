@@ -5,7 +5,6 @@ never started behind the user's back."""
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 import ray
-from workers import Worker, signal, waiters
+from workers import Worker, script_env, signal, waiters
 
 import actormesh as am
 
@@ -45,9 +44,7 @@ def mesh() -> Iterator[am.ActorMesh[Worker]]:
 
 def run_alone(code: str) -> subprocess.CompletedProcess[str]:
     """Run `code` in a fresh Python process with no Ray cluster of its own."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    here = os.path.dirname(os.path.abspath(__file__))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    env = {k: v for k, v in script_env().items() if k != "RAY_ADDRESS"}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -185,12 +182,14 @@ def test_without_ray_init_a_mesh_and_connect_say_so_and_start_no_cluster() -> No
     assert lines[-1] == "initialized: False"
 
 
-def test_ray_client_is_refused_at_construction_saying_why() -> None:
-    run = run_alone("""
-        from ray.util.client.ray_client_helpers import ray_start_client_server
+def test_ray_client_is_refused_at_construction_saying_why(ray_cluster: None) -> None:
+    # The client server's driver joins the session cluster (starting one of its own took 10 s).
+    address = ray.get_runtime_context().gcs_address
+    run = run_alone(f"""
+        from ray.util.client.ray_client_helpers import ray_start_client_server_for_address
         import actormesh as am
         from workers import Worker
-        with ray_start_client_server():
+        with ray_start_client_server_for_address({address!r}):
             try:
                 am.ActorMesh(Worker, shape=1)
             except am.MeshError as err:

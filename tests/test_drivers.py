@@ -16,12 +16,10 @@ from typing import Any
 
 import pytest
 import ray
-from workers import AsyncWorker, Signal, Worker, wait_until, waiters
+from workers import TESTS, AsyncWorker, Signal, Worker, script_env, wait_until, waiters
 
 import actormesh as am
 from actormesh import _drivers, _native
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 class PeerDriver:
@@ -29,12 +27,10 @@ class PeerDriver:
 
     def __init__(self) -> None:
         context = ray.get_runtime_context()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (TESTS, os.environ.get("PYTHONPATH")) if p))
         self.process = subprocess.Popen(
             [sys.executable, os.path.join(TESTS, "peer_driver.py"), context.gcs_address,
              context.namespace],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=script_env())
         assert self._answer(120) == "ready"
 
     def ask(self, op: str, *args: Any, timeout: float = 120) -> Any:

@@ -11,7 +11,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from workers import wait_until
+import ray
+from workers import script_env, wait_until
 
 import actormesh as am
 
@@ -145,11 +146,8 @@ def test_a_call_after_every_init_failed_says_no_live_actor_in_the_users_words() 
 
 
 def test_readers_waiting_when_ray_shuts_down_get_a_mesh_error_never_system_exit() -> None:
-    here = os.path.dirname(SCRIPT)
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=240)
+    run = subprocess.run([sys.executable, SCRIPT, ray.get_runtime_context().gcs_address],
+                         env=script_env(), capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     for reader in ("future.get in a thread", "am.get in a thread"):

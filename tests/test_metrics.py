@@ -4,15 +4,13 @@ ejections are logged at WARNING on the `actormesh` logger."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import subprocess
-import sys
 import threading
+import time
 
 import pytest
 import ray
+from metrics_export import scrape
 from workers import Worker, wait_until
 
 import actormesh as am
@@ -20,27 +18,53 @@ from actormesh import _metrics
 from actormesh._metrics import MeshMetrics
 from actormesh._native import Scheduler
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics_export.py")
+WANTED = ('ray_actormesh_actor_events_total{', 'event="died"', 'event="restarted"',
+          "ray_actormesh_in_flight{", "ray_actormesh_queued{", 'outcome="ok"', 'outcome="error"',
+          "ray_actormesh_call_seconds_count{", "ray_actormesh_batch_calls_count{")
 
 
-def test_calls_actor_events_and_gauges_reach_prometheus_tagged_with_the_mesh_name() -> None:
-    pytest.importorskip("opencensus", reason="Ray's metrics agent needs ray[default] "
-                        "(pip install actormesh[metrics])")
-    here = os.path.dirname(SCRIPT)
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
-    stats, lines = seen["stats"], seen["lines"]
+def _exported(lines: list[str], *parts: str) -> float:
+    """The value of the first line holding every part (-1 if none does)."""
+    found = [line for line in lines if all(p in line for p in parts)]
+    return float(found[0].rsplit(" ", 1)[1]) if found else -1.0
+
+
+def _settled(lines: list[str]) -> bool:
+    """Whether the export holds every call and event made (Ray's agent exports in turns)."""
+    return (all(any(w in line for line in lines) for w in WANTED)
+            and _exported(lines, 'outcome="ok"', 'method="f"') == 3
+            and _exported(lines, 'outcome="error"') == 1
+            and _exported(lines, 'event="died"') == 1
+            and _exported(lines, 'event="restarted"') == 1)
+
+
+def test_calls_actor_events_and_gauges_reach_prometheus_tagged_with_the_mesh_name(
+    metrics_port: int,
+) -> None:
+    with am.ActorMesh(Worker, shape=2, num_cpus=0.25, max_restarts=1, name="metered") as mesh:
+        assert am.get([mesh.methods.f.choose(i) for i in range(3)], timeout=60) == [0, 1, 2]
+        failed = mesh.methods.fail.options(return_exceptions=True).choose("boom").get(timeout=60)
+        assert isinstance(failed, am.ActorError)
+        pid = mesh[0].methods.pid.choose().get(timeout=60)
+        ray.kill(mesh.actors[0], no_restart=False)
+        wait_until(lambda: mesh.stats()["actor_events"]["restarted"] >= 1, timeout=60)
+        assert mesh[0].methods.pid.choose().get(timeout=60) != pid
+        lines: list[str] = []
+        deadline = time.monotonic() + 90  # Ray's agent exports every few seconds
+        while not _settled(lines):
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.5)  # polling an HTTP endpoint: no signal to wait on
+            try:
+                lines = scrape(metrics_port, "actormesh", 'mesh="metered"')
+            except OSError:
+                lines = []
+        stats = mesh.stats()
     assert stats["actor_events"]["died"] == 1 and stats["actor_events"]["restarted"] == 1
     assert stats["mesh"] == "metered" and stats["in_flight"] == 0 and stats["queued"] == 0
 
     def value(*parts: str) -> float:
-        found = [line for line in lines if all(p in line for p in parts)]
-        assert found, (parts, lines)
-        return float(found[0].rsplit(" ", 1)[1])
+        assert _exported(lines, *parts) >= 0, (parts, lines)
+        return _exported(lines, *parts)
 
     assert value("ray_actormesh_actor_events_total{", 'event="died"') == 1
     assert value("ray_actormesh_actor_events_total{", 'event="restarted"') == 1

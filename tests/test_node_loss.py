@@ -7,12 +7,12 @@ import os
 import subprocess
 import sys
 
+from workers import TESTS, script_env
+
 
 def test_node_loss_fails_its_actors_calls_and_the_rest_keep_working() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, os.path.join(here, "node_loss.py")], env=env,
-                         capture_output=True, text=True, timeout=400)
+    run = subprocess.run([sys.executable, os.path.join(TESTS, "node_loss.py")],
+                         env=script_env(), capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     nodes = seen["node_of_rank"]

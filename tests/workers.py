@@ -16,6 +16,14 @@ import actormesh as am
 
 ENV_NAMES = ("ACTORMESH_RANK", "ACTORMESH_WORLD_SIZE", "ACTORMESH_COORDS", "ACTORMESH_SHAPE",
              "RAY_ACTOR_MESH_RANK")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def script_env() -> dict[str, str]:
+    """The environment of a test's script, a process of its own: this one's, with the test
+    workers importable by name."""
+    return {**os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))}
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
