@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import ray
 import torch
-from vllm_faults import HOLD_GATE, FlakyEngine, arm_receive, fail_next_resume
+from vllm_faults import HOLD_GATE, FlakyEngine, arm_receive, fail_next_resume, process_of
 from weights_workers import Trainer, shared_maps, shm_names, undone_since
 from workers import Signal, wait_until, waiters
 
@@ -186,13 +186,18 @@ def test_an_engine_that_dies_mid_send_leaves_every_live_engine_on_one_weight_set
     pool: EnginePool, trainer: am.ActorMesh[Trainer],
 ) -> None:
     served = pool.weight_version
+    survivor = pool.mesh[0].run_in_actors(process_of).get(timeout=60).item()
     pool.mesh[1].run_in_actors(arm_receive, "die").get(timeout=60)
     outcome: int | BaseException
     try:
         outcome = trainer.methods.send.choose(rigged(0.5), None, 10).get(timeout=120)
     except WeightUpdateError as err:
         outcome = err
+    # The survivor learns of the death from the stream at once: it never waits out the send's
+    # timeout, nor is it restarted for having waited.
+    assert "timed out" not in str(outcome), outcome
     wait_until(lambda: all(pool.mesh.load().alive), timeout=120)  # restarted and restored
+    assert pool.mesh[0].run_in_actors(process_of).get(timeout=60).item() == survivor
     served_now = served if isinstance(outcome, BaseException) else outcome
     weights = CHECKPOINT if isinstance(outcome, BaseException) else rigged(0.5)
     assert pool.weight_version == served_now

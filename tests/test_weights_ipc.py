@@ -7,8 +7,11 @@ between processes is in the last tests here (they need a GPU)."""
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import pickle
+import subprocess
+import sys
 import threading
 import types
 import weakref
@@ -141,6 +144,69 @@ def test_a_receiver_that_gets_no_bucket_fails_at_the_deadline_instead_of_hanging
         _transfer.drop("ipc-test-orphan")
 
 
+def test_a_receiver_that_fails_fails_the_send_at_once_and_the_senders_abort_wakes_the_rest() -> None:
+    """No one waits out the send's deadline (30 s here) for a receiver that gave up: it says so
+    in its acknowledgement, the sender raises, and its abort ends the other receiver's wait."""
+    store = master()
+    plan = formation(store, 2)
+    got: dict[int, BaseException | None] = {}
+
+    def receiver(rank: int) -> None:
+        group = _transfer.join(f"ipc-test-{rank}", plan, rank)
+        try:
+            for _ in _transfer.receive_blobs(group, "cpu"):
+                if rank == 1:  # its load fails on the first bucket
+                    raise ValueError("no room for the weights")
+        except BaseException as err:  # noqa: BLE001 - what each receiver saw is the point
+            got[rank] = err
+        finally:
+            _transfer.drop(f"ipc-test-{rank}")
+
+    threads = [threading.Thread(target=receiver, args=(rank,)) for rank in (1, 2)]
+    for thread in threads:
+        thread.start()
+    sender = _transfer.join("ipc-test-sender", plan, 0, store)
+    try:
+        with pytest.raises(RuntimeError, match="receiver rank 1 failed at bucket 1"):
+            for value in range(3):
+                _transfer.send_bucket(sender, [("w", torch.full((256,), value))], "cpu")
+    finally:
+        _transfer.drop("ipc-test-sender")
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads)
+    assert isinstance(got[1], ValueError)
+    assert isinstance(got[2], RuntimeError) and "the sender gave up" in str(got[2])
+    got.clear()  # the errors' tracebacks hold the buckets the receivers had mapped
+    gc.collect()
+    assert shared_here() == 0
+
+
+def test_a_receiver_whose_process_died_fails_the_send_within_a_slice_of_its_wait() -> None:
+    """A receiver killed mid-send acknowledges nothing, ever: the sender sees its process gone
+    (killed and not yet reaped, as a SIGKILLed engine is for a moment) between two slices of its
+    wait, long before the send's deadline."""
+    store = master()
+    plan = formation(store, 1)
+    receiver = _transfer.join("ipc-test-doomed", plan, 1)
+    doomed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert isinstance(receiver, _shared.Channel)
+        receiver.store.set("pid.1", str(doomed.pid).encode())  # as `receive` says at its start
+        doomed.kill()
+        sender = _transfer.join("ipc-test-bereaved", plan, 0, store)
+        try:
+            with pytest.raises(RuntimeError, match=rf"receiver rank 1 \(pid {doomed.pid}\) died"):
+                _transfer.send_bucket(sender, [("w", torch.ones(256))], "cpu")
+        finally:
+            _transfer.drop("ipc-test-bereaved")
+    finally:
+        doomed.wait(timeout=30)
+        receiver.ended = True  # it never received: nothing to say on the way out
+        _transfer.drop("ipc-test-doomed")
+    assert shared_here() == 0
+
+
 def test_a_cuda_bucket_waits_until_every_receiver_copied_the_bucket_before_it_in_its_slot() -> None:
     assert [_shared.waits_for(bucket) for bucket in range(5)] == [None, None, 0, 1, 2]
 
@@ -162,6 +228,9 @@ class RecordingStore:
 
     def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
         self.log.append(("wait", " ".join(keys)))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [b"1"] * len(keys)  # every receiver acknowledged
 
     def delete_key(self, key: str) -> None:
         pass

@@ -92,6 +92,11 @@ def arm_receive(engine: FlakyEngine, *faults: ReceiveFault) -> None:
     engine.receive_faults.extend(faults)
 
 
+def process_of(engine: Any) -> int:
+    """Run in the engine: its process id (a restart changes it)."""
+    return os.getpid()
+
+
 def fail_next_resume(engine: FlakyEngine) -> None:
     """Run in the engine: its next resume raises."""
     engine.resume_faults += 1

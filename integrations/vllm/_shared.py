@@ -5,11 +5,17 @@ into memory it shares and publishes a handle to it; every receiver maps that mem
 copies out of it (CUDA) and says so. The handles and the acknowledgements travel as keys of the
 sender's `TCPStore` (a new prefix per send), deleted once the sender has waited for them:
 
-    "<i>"          the pickled handle of bucket i, or b"" once the stream ended
-    "<i>.<rank>"   receiver `rank` has mapped (CPU) or copied (CUDA) bucket i
+    "<i>"          the pickled handle of bucket i, b"" once the stream ended, or b"abort"
+                   once the sender gave up (every receiver then fails at once)
+    "<i>.<rank>"   receiver `rank` has mapped (CPU) or copied (CUDA) bucket i: b"1"; b"!"
+                   if it failed there (the sender then fails at once)
+    "pid.<rank>"   the process of receiver `rank` (every member is on this host)
 
 Every wait, the sender's for acknowledgements and a receiver's for the next handle, has the
-send's deadline: a process that dies leaves the others failing at it, not hanging.
+send's deadline, and no one waits for a member that is gone: a sender that dies takes its
+store with it (the receivers' next read fails); a receiver that fails says so; the sender looks
+at the receivers' processes between slices of its waits (`_SLICE_S`), so a receiver that dies
+fails the send within a slice, and the sender's abort then wakes every other receiver.
 
 CPU blobs are shared one bucket at a time: the sender lets go of a bucket once every receiver
 has mapped it, then goes on to the next. A blob lives in an anonymous memory file
@@ -43,6 +49,7 @@ import itertools
 import mmap
 import os
 import pickle
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -53,6 +60,9 @@ if TYPE_CHECKING:
 _MEMFD_NAME = "actormesh-weights"
 SLOTS = 2  # the sender writes one while the receivers copy out of the other
 SLOT_GRAIN = 2**20  # a slot's capacity, in whole MiB, so that buckets a little larger still fit
+ABORT = b"abort"  # a bucket's handle once the sender gave up
+_ACK, _FAILED = b"1", b"!"
+_SLICE_S = 0.5  # the sender looks at the receivers' processes this often while it waits
 
 T = TypeVar("T")
 
@@ -66,18 +76,30 @@ class Channel:
         self.size = size
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.bucket = 0  # the index of the bucket under way
+        self.ended = False  # the stream ended (the sender's end, or a receiver saw it)
         self._shared: _Shared | None = None  # the sender's CPU bucket under way
         self._slots: Slots[_Exported] | None = None  # the sender's CUDA slots
         self._opened: dict[int, tuple[int, torch.Tensor]] = {}  # a receiver's: slot -> (id, map)
+        self._pids: dict[int, int] = {}  # the sender's: the receivers' processes seen so far
 
     def shutdown(self) -> None:
         """Let go of what this end holds: the sender's shared bucket or slots, a receiver's open
-        CUDA buffers (a receiver keeps its maps of CPU buckets)."""
+        CUDA buffers (a receiver keeps its maps of CPU buckets). Before the stream ended, tell
+        the others: the sender aborts, a receiver says it failed."""
         if self._shared is not None:
             self._shared.release()
             self._shared = None
         self._slots = None
         self._opened.clear()
+        if not self.ended:
+            self.ended = True
+            try:
+                if self.rank == 0:  # receivers wait on the key of the bucket under way or the next
+                    self.store.multi_set([str(self.bucket), str(self.bucket + 1)], [ABORT] * 2)
+                else:
+                    self.store.set(f"{self.bucket}.{self.rank}", _FAILED)
+            except Exception:  # noqa: BLE001 - the store went with the sender: no one to tell
+                pass
 
 
 # -- the CUDA slots ---------------------------------------------------------------------------
@@ -237,8 +259,48 @@ def _write(blob: torch.Tensor, head: bytes, tensors: list[torch.Tensor]) -> None
 
 
 def wait_acknowledged(channel: Channel, keys: list[str]) -> None:
-    """Block until every receiver has acknowledged a bucket (the send's deadline)."""
-    channel.store.wait(keys, channel.timeout)
+    """Block until every receiver has acknowledged a bucket (the send's deadline); raise as soon
+    as one says it failed, or within a slice once one's process is gone."""
+    from torch.distributed import DistStoreError
+
+    deadline = time.monotonic() + channel.timeout.total_seconds()
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            channel.store.wait(keys, datetime.timedelta(seconds=max(0.0, min(_SLICE_S, left))))
+            break
+        except DistStoreError:  # this slice timed out
+            if left <= _SLICE_S:
+                raise
+            _check_receivers(channel)
+    failed = [key for key, ack in zip(keys, channel.store.multi_get(keys)) if ack != _ACK]
+    if failed:
+        ranks = ", ".join(key.rpartition(".")[2] for key in failed)
+        raise RuntimeError(f"receiver rank {ranks} failed at bucket {channel.bucket}")
+
+
+def _check_receivers(channel: Channel) -> None:
+    """Raise if the process of a receiver that began to receive is gone."""
+    for rank in range(1, channel.size):
+        pid = channel._pids.get(rank)
+        if pid is None:
+            key = f"pid.{rank}"
+            if not channel.store.check([key]):
+                continue  # not receiving yet
+            pid = channel._pids[rank] = int(channel.store.get(key))
+        if not _alive(pid):
+            raise RuntimeError(f"receiver rank {rank} (pid {pid}) died at bucket "
+                               f"{channel.bucket}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` of this host runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 def end(channel: Channel) -> None:
@@ -251,6 +313,7 @@ def end(channel: Channel) -> None:
             _forget(channel, bucket, acks)
         channel._slots = None
     channel.store.set(str(channel.bucket), b"")
+    channel.ended = True
 
 
 def _acks(channel: Channel, bucket: int) -> list[str]:
@@ -267,15 +330,19 @@ def receive(channel: Channel, device: str) -> Iterator[torch.Tensor]:
     """Each bucket the sender shares, as its blob in a uint8 tensor (CPU: mapped, no copy;
     CUDA: copied onto `device`), until the sender ends the stream. Each wait for the next
     bucket has the send's deadline. The CUDA buffers opened stay open until the stream ends."""
+    channel.store.set(f"pid.{channel.rank}", str(os.getpid()).encode())
     try:
         while True:
             key = str(channel.bucket)
             raw = channel.store.get(key)
             if not raw:
+                channel.ended = True
                 return
+            if raw == ABORT:
+                raise RuntimeError(f"the sender gave up the send at bucket {channel.bucket}")
             handle = pickle.loads(raw)
             blob = _copy_cuda(channel, handle, device) if "cuda" in handle else _map_cpu(handle)
-            channel.store.set(f"{key}.{channel.rank}", b"1")
+            channel.store.set(f"{key}.{channel.rank}", _ACK)
             channel.bucket += 1
             yield blob
     finally:
