@@ -31,7 +31,9 @@ class Config:
     # Long enough that a turn's start (the first calls go alone, before a backlog forms) does not
     # decide it: at 800 calls two turns of the same mesh differed up to 2x, at 2,000 far less.
     tiny_calls: int = 2000
-    tiny_repeats: int = 8  # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`
+    # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`. A turn of the mesh
+    # takes ~0.15 s: 16 rather than 8 narrow the A/A interval ([0.874-1.09] at 8dfc068 with 8).
+    tiny_repeats: int = 16
     fault_measure_s: float = 1.5  # with its drain, long enough for Ray to restart the actor
     fault_drain_s: float = 1.5
     fault_repeats: int = 2  # each kills an actor per contender: a restart costs ~0.6 s
@@ -48,7 +50,7 @@ class Config:
     sequential_calls: int = 300
     # -- prepared scenarios (benchmarks/scenarios/hedged.py, drivers.py) -----------------------
     hedge_calls: int = 160
-    hedge_repeats: int = 8
+    hedge_repeats: int = 12  # 8 gave an A/A interval of [0.908-1.22] at 8dfc068
     drivers_measure_s: float = 2.0
     drivers_repeats: int = 4
     # -- calls under kills (benchmarks/scenarios/kills.py) -------------------------------------
