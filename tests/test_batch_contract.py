@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import ray
 from contract_workers import Bounded, Counter, Gated, Grouped, Logged, Peaked
-from workers import signal, waiters
+from workers import signal, wait_until, waiters
 
 import actormesh as am
 
@@ -175,7 +175,10 @@ def test_cancelling_the_task_that_awaits_a_call_cancels_the_call_in_its_actor(
             await shielded  # still running, and it ends
 
         asyncio.run(impatient())
-        assert mesh.methods.cancelled_calls.choose().get(timeout=60) == 1
+        # Ray delivers a cancel to the actor when it can, as it does for `ray.cancel`: under load
+        # it may land after the calls that follow it.
+        wait_until(lambda: mesh.methods.cancelled_calls.choose().get(timeout=60) == 1)
+        assert mesh.methods.cancelled_calls.choose().get(timeout=60) == 1  # once, never twice
         assert mesh.load() == [0]
 
 
