@@ -78,14 +78,15 @@ class Policy:
     twice as many calls wait in the mesh's queue as the (sub-)mesh has actors: each waits
     through several ends then anyway, and an actor that starts the next call without idling
     for the round trip drains the queue sooner (never behind an actor measured slower than the
-    others, nor while the method's times have a heavy tail). A call sent ahead is a sent call:
-    cancelled, it still runs on an actor that runs calls in order, its result dropped. A batch
-    holds as many calls as their expected service times fit in `batch_budget_s`, so a slow
-    method's calls go alone and tiny ones ride by the dozen; under a backlog (2 calls waiting
-    per actor) a batch may take up to 8 budgets, as the backlog's depth allows, and at least
-    2 calls, so that a method measured slow once (a service time measured on the driver holds
-    each task's round trip) is measured again over several calls a task and its batches grow
-    back.
+    others, and only while the method's calls take about the same time each: its 90th
+    percentile within 2× its median, which exponential times exceed). A call sent ahead is a
+    sent call: cancelled, it still runs on an actor that runs calls in order, its result
+    dropped. A batch holds as many calls as their expected service times fit in
+    `batch_budget_s`, so a slow method's calls go alone and tiny ones ride by the dozen; under
+    a backlog (2 calls waiting per actor) a batch may take up to 8 budgets, as the backlog's
+    depth allows, and at least 2 calls, so that a method measured slow once (a service time
+    measured on the driver holds each task's round trip) is measured again over several calls
+    a task and its batches grow back.
     "adaptive" over actors that run one call at a time also holds a call back from a free
     straggler (an actor over `hold_ratio` times slower than the others, measured) while the
     faster actors are expected to take and finish it sooner, at most for the straggler's own

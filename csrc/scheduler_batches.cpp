@@ -106,15 +106,20 @@ void Scheduler::add_mates(uint32_t group, uint32_t actor, const QueuedCall& firs
 // and a backlog drains slowly. A call sent ahead starts the instant the one before it ends.
 // What it costs: the call waits for that actor's call to end rather than for the first of any.
 // So only under a backlog of twice the group's live members, where every call waits through
-// several ends anyway and the round trips saved are what makes the queue drain sooner; not
-// behind a heavy tail, where the call may wait for one long call: the queued method's recent
-// times must have a 90th percentile within kTail times their median (exponential times: 3.3,
-// ~3 with the round trip in the samples; lognormal with sigma 2: 13, ~7 with it; too few
-// samples: no); nor behind a straggler: the actor must be measured no slower than kSlower times
+// several ends anyway and the round trips saved are what makes the queue drain sooner; and
+// only behind calls that take about the same time each: the call sent ahead waits for the end
+// of that actor's call, where a call left in the queue waits for the first end of any, which
+// for times as variable as exponential ones (their residual is their mean) costs the tail more
+// than the round trip saves (measured, make bench at 6103ece: p99 in bursts of 10 ms
+// exponential calls 0.938x ActorPool's, pull 0.988x). The queued method's recent times must
+// have a 90th percentile within kTail times their median (times within +-50% of their mean:
+// at most 1.5; a gamma of coefficient of variation 0.5: 1.8; exponential: 3.3, ~3 with the
+// round trip in the samples; lognormal with sigma 2: 13; too few samples: no); nor behind a
+// straggler: the actor must be measured no slower than kSlower times
 // the others' harmonic mean. A call with an affinity key goes by its key, and an external
 // picker sees every call: those wait as before, and the calls behind them too.
 void Scheduler::pipeline_backlog(uint32_t actor, Drain& out) {
-  constexpr double kTail = 5.0;
+  constexpr double kTail = 2.0;
   if (!settings_.pipeline_backlog || policy_.kind == PolicyKind::external || queued_.empty()) {
     return;
   }

@@ -1401,7 +1401,8 @@ def test_adaptive_keeps_an_actor_measured_slow_to_one_task() -> None:
     assert s.tasks() == [1]
 
 
-STEADY_TAIL = [0.004, 0.007, 0.010, 0.013, 0.020, 0.005, 0.009, 0.012]  # p90 / p50 = 2.2
+STEADY_TAIL = [0.007, 0.008, 0.010, 0.012, 0.013, 0.009, 0.010, 0.011]  # p90 / p50 = 1.3
+EXPONENTIAL = [0.001, 0.003, 0.005, 0.007, 0.009, 0.012, 0.016, 0.023]  # deciles: p90 / p50 ~ 2.6
 HEAVY_TAIL = [0.002, 0.002, 0.002, 0.002, 0.002, 0.002, 0.1, 0.1]  # p90 / p50 = 50
 
 
@@ -1444,6 +1445,12 @@ def test_a_shorter_backlog_leaves_calls_to_the_first_actor_to_free() -> None:
 def test_no_second_task_behind_a_heavy_tail() -> None:
     """A call sent behind one of the long calls would wait for it."""
     assert tasks_sent(backlogged(5, {0: HEAVY_TAIL, 1: HEAVY_TAIL})) == 1
+
+
+def test_no_second_task_behind_calls_as_variable_as_exponential_ones() -> None:
+    """Sent ahead, a call waits for that actor's call to end (on average, for exponential
+    times, a whole mean); left in the queue, for the first of any to end."""
+    assert tasks_sent(backlogged(5, {0: EXPONENTIAL, 1: EXPONENTIAL})) == 1
 
 
 def test_no_second_task_for_an_actor_slower_than_the_others() -> None:
