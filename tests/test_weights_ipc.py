@@ -15,6 +15,7 @@ import sys
 import threading
 import types
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -83,6 +84,14 @@ def master(timeout_s: float = 30.0) -> TCPStore:
                     timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def started(receiver: Callable[[int], None], ranks: tuple[int, ...]) -> list[threading.Thread]:
+    """A thread running `receiver(rank)` for each rank, started."""
+    threads = [threading.Thread(target=receiver, args=(rank,)) for rank in ranks]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
 def test_an_ipc_bucket_reaches_each_receiver_as_its_blob_and_nothing_stays_shared() -> None:
     """Each receiver maps the blob the sender shares (the safetensors blob gloo would have
     sent); once they drop what they got, no bucket is mapped or open anywhere."""
@@ -102,9 +111,7 @@ def test_an_ipc_bucket_reaches_each_receiver_as_its_blob_and_nothing_stays_share
         finally:
             _transfer.drop(f"ipc-test-{rank}")
 
-    threads = [threading.Thread(target=receiver, args=(rank,)) for rank in (1, 2)]
-    for thread in threads:
-        thread.start()
+    threads = started(receiver, (1, 2))
     sender = _transfer.join("ipc-test-sender", plan, 0, store)
     try:
         for bucket in buckets:
@@ -162,9 +169,7 @@ def test_a_receiver_that_fails_fails_the_send_at_once_and_the_senders_abort_wake
         finally:
             _transfer.drop(f"ipc-test-{rank}")
 
-    threads = [threading.Thread(target=receiver, args=(rank,)) for rank in (1, 2)]
-    for thread in threads:
-        thread.start()
+    threads = started(receiver, (1, 2))
     sender = _transfer.join("ipc-test-sender", plan, 0, store)
     try:
         with pytest.raises(RuntimeError, match="receiver rank 1 failed at bucket 1"):
