@@ -512,7 +512,9 @@ class Router:
         # leaves the queue to a drain on the loop thread.
         self._drain_inline = not defer_drain
         self._remote: dict[tuple[int, str], Any] = {}
-        # Queued calls given a slot, waiting for the loop thread to send them.
+        # Queued calls given a slot, waiting to be sent by what `post_sends` hands the send to:
+        # the loop thread (an `am.ActorPool` hands it to its reader while one waits).
+        self.post_sends: Callable[[Callable[[], None]], None] = _loop.post
         self._outbox: list[_native.Decision] = []
         self._outbox_posted = False
         self._outbox_lock = threading.Lock()
@@ -711,10 +713,11 @@ class Router:
         self._watch_holds()  # a drain may begin a hold (an actor back from a restart, say)
 
     def _hand_on(self, drained: list[_native.Decision], actor: int) -> None:
-        """After a slot was freed: the queued calls it went to are sent from the loop thread, as
-        is the drain a Python Balancer defers. Calls freed while a send is already on its way
-        join it: one wake-up of the loop thread serves them all. A slot no queued call took may
-        take the copy of a late hedged call; a hold may have begun."""
+        """After a slot was freed: the queued calls it went to are sent off Ray's thread, by
+        what `post_sends` gives the send to (the loop thread), and the drain a Python Balancer
+        defers by the loop thread. Calls freed while a send is already on its way join it: one
+        wake-up serves them all. A slot no queued call took may take the copy of a late hedged
+        call; a hold may have begun."""
         self._watch_holds()
         if drained:
             with self._outbox_lock:
@@ -722,7 +725,7 @@ class Router:
                 if self._outbox_posted:
                     return
                 self._outbox_posted = True
-            _loop.post(self._send_outbox)
+            self.post_sends(self._send_outbox)
         elif not self._drain_inline and self.scheduler.queued():
             _loop.post(self._drain, actor)
         elif self.hedges.due:

@@ -2,13 +2,15 @@
 
     pool.submit(fn, value)                 a task, numbered in the order of results
       _route: Router.route(Call(fn=_send)) the mesh's balancer picks an actor with a free
-                                           slot, or the call waits in the native queue and
-                                           the loop thread sends it when a slot frees
+                                           slot, or the call waits in the native queue
         pool._send(handle, task)           fn(handle, value): the user's own Ray call
       ... Ray's completion thread frees the slot, settles the call's future:
       pool._ended(task, call)              a death with retries left: routed again (loop
                                            thread); otherwise the task is done
-    pool.get_next() / get_next_unordered() waits for a done task, then ray.get of its refs
+      pool._post_sends(send)               the queued calls the freed slot went to are sent
+                                           by the reader, if one waits, else the loop thread
+    pool.get_next() / get_next_unordered() waits for a done task (sending what it is handed
+                                           meanwhile), then ray.get of its refs
 
 Membership changes (`pop_idle`, `push`) start a new *generation*: a mesh over the new set of
 actors (a scheduler has a fixed number of actors). Calls still queued in the old one move to
@@ -24,6 +26,7 @@ import functools
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -65,19 +68,33 @@ class _Task:
         self.send_error: BaseException | None = None  # what `fn` raised, if it did
 
 
+def _run_all(sends: list[Callable[[], None]]) -> None:
+    """Run the sends handed to a thread; each goes, whatever the one before it did."""
+    for i, send in enumerate(sends):
+        try:
+            send()
+        except Exception:  # noqa: BLE001 - a bug: the router fails the calls it cannot send
+            log.exception("actormesh: sending the queued calls of an ActorPool failed")
+        except BaseException:  # KeyboardInterrupt, say: the rest go from the loop thread
+            if i + 1 < len(sends):
+                _loop.post(_run_all, sends[i + 1:])
+            raise
+
+
 class _Generation:
     """The pool's mesh over its actors as they are between two membership changes."""
 
     __slots__ = ("mesh", "target", "router", "scheduler", "handles", "index")
 
     def __init__(self, handles: list[ActorHandle[Any]], balancer: BalancerSpec,
-                 max_in_flight: int) -> None:
+                 max_in_flight: int, post_sends: Callable[[Callable[[], None]], None]) -> None:
         # `fn` makes each Ray call itself: the pool cannot send calls together (coalesce=1).
         self.mesh: ActorMesh[Any] = ActorMesh.from_actors(
             handles, balancer=balancer, max_in_flight=max_in_flight, coalesce=1,
             name="ActorPool")
         self.target = self.mesh._target  # the whole mesh, which every call is routed in
         self.router = self.target.router
+        self.router.post_sends = post_sends
         self.scheduler = self.router.scheduler
         self.handles = handles
         self.index = {_ray.actor_id(h): i for i, h in enumerate(handles)}
@@ -119,7 +136,8 @@ class ActorPool(Generic[T]):
     - An actor's slot is freed when its call ends, not when its result is read: a finished
       call never keeps its actor from work. So `has_free` and `pop_idle` may see an actor
       free before its result is read; queued submissions go out as slots free, from the
-      library's loop thread, so `fn` runs either on your thread or on that one.
+      thread waiting in `get_next` / `get_next_unordered` (or `map`'s iterator) if one is,
+      else from the library's loop thread: `fn` runs on your thread or on that one.
     - `has_free()`: some live actor has a free slot and no submission waits for one.
       `pop_idle()` returns an actor with no call at all (and takes it out), else None.
     - A result you drop (`ignore_if_timedout=True`, the leftovers a new `map` drops) is never
@@ -158,18 +176,26 @@ class ActorPool(Generic[T]):
         self._max_in_flight = max_in_flight
         self._retries = retries
         # `_lock`: which generation routes, and the calls moving between generations. Never
-        # taken on Ray's completion thread. `_cond`: the tasks and which of them are done;
-        # taken there, briefly. Order: `_lock`, then `_cond`.
+        # taken on Ray's completion thread. `_cond`: the tasks and which of them are done, and
+        # the sends handed to the reader; taken there, briefly. Order: `_lock`, then `_cond`.
         self._lock = threading.RLock()
         self._cond = threading.Condition()
         self._awaited: int | None = None  # the task a reader waits for; _ANY: any of them
-        self._gen = _Generation(handles, balancer, max_in_flight) if handles else None
+        # While a reader waits, the sends of queued calls that slots freed for are handed to it
+        # rather than to the loop thread: it is woken for its results anyway, and a wake-up of
+        # another thread per call cost more driver CPU than Ray's pool spends on a call.
+        self._reading = False
+        self._sends: list[Callable[[], None]] = []
+        self._gen = self._generation(handles) if handles else None
         self._unrouted: list[_Task] = []  # submitted while the pool had no actor
         self._tasks: dict[int, _Task] = {}  # submitted, result not yet returned or dropped
         self._finished: dict[int, _Task] = {}  # of those, the done ones, in completion order
         self._live: dict[int, _Task] = {}  # every task whose call has not ended, dropped too
         self._next_index = 0
         self._next_return = 0
+
+    def _generation(self, handles: list[ActorHandle[Any]]) -> _Generation:
+        return _Generation(handles, self._balancer, self._max_in_flight, self._post_sends)
 
     # -- submitting --------------------------------------------------------------------------
     def submit(self, fn: Callable[[ActorHandle[T], V], Any], value: V) -> None:
@@ -279,9 +305,7 @@ class ActorPool(Generic[T]):
             raise ValueError("It is not allowed to call get_next() after get_next_unordered().")
         task = self._tasks[self._next_return]
         with self._cond:
-            self._awaited = task.index
-            done = self._cond.wait_for(lambda: task.done, timeout)
-            self._awaited = None
+            done = self._wait(task.index, lambda: task.done, timeout)
             if done:
                 del self._tasks[task.index]
                 self._finished.pop(task.index, None)
@@ -302,9 +326,7 @@ class ActorPool(Generic[T]):
             raise StopIteration("No more results to get")
         with self._cond:
             task = None
-            self._awaited = _ANY
-            found = self._cond.wait_for(lambda: bool(self._finished), timeout)
-            self._awaited = None
+            found = self._wait(_ANY, lambda: bool(self._finished), timeout)
             if found:
                 index = next(iter(self._finished))
                 task = self._finished.pop(index)
@@ -314,6 +336,43 @@ class ActorPool(Generic[T]):
                                    ignore_if_timedout)
         self._next_return = max(self._next_return, task.index + 1)
         return self._read(task)
+
+    def _wait(self, awaited: int, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait (`_cond` held) until `done()` or `timeout` s; meanwhile send what is handed to
+        this thread (`_post_sends`). Nothing handed is left behind when it returns."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._awaited, self._reading = awaited, True
+        try:
+            while True:
+                if self._sends:
+                    sends, self._sends = self._sends, []
+                    self._cond.release()
+                    try:
+                        _run_all(sends)
+                    finally:
+                        self._cond.acquire()
+                    continue
+                if done():
+                    return True
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        finally:
+            self._awaited, self._reading = None, False
+            sends, self._sends = self._sends, []
+            if sends:  # handed over while this thread stopped waiting: the loop thread's now
+                _loop.post(_run_all, sends)
+
+    def _post_sends(self, send: Callable[[], None]) -> None:
+        """Where the pool's router hands the sending of queued calls that freed slots went to
+        (Ray's completion thread): to the waiting reader, else to the loop thread."""
+        with self._cond:
+            if self._reading:
+                self._sends.append(send)
+                self._cond.notify()
+                return
+        _loop.post(send)
 
     def _timed_out(self, task: _Task, timeout: float | None, ignore: bool) -> Any:
         message = f"Timed out waiting for result (timeout={timeout} s)"
@@ -427,7 +486,7 @@ class ActorPool(Generic[T]):
     def _switch(self, handles: list[ActorHandle[Any]]) -> None:
         """Make `handles` the pool's actors: a new generation takes over the routing."""
         # Made before `_lock` is taken: it waits on the loop thread, which may need the lock.
-        new = _Generation(handles, self._balancer, self._max_in_flight) if handles else None
+        new = self._generation(handles) if handles else None
         with self._lock:
             # Newest first, so that a call sent meanwhile by an old generation either sees the
             # change in `_send` or has its actor set when the loop below looks at it.

@@ -3,6 +3,8 @@ deaths that fail or re-run a call instead of hanging, k slots per actor, the nat
 
 from __future__ import annotations
 
+import threading
+import uuid
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
@@ -265,6 +267,57 @@ def test_an_actor_is_free_once_its_call_ends_though_its_result_is_unread(
     pool.submit(lambda a, v: a.f.remote(v), 1)
     wait_until(pool.has_free)
     assert pool.get_next(timeout=60) == 2
+
+
+def test_queued_submissions_go_out_from_the_thread_waiting_for_results(
+        shared: list[Any]) -> None:
+    """While a reader waits in `get_next`, a queued submission whose slot frees is sent by the
+    reader, as Ray's pool sends from the caller's thread: no wake-up of another thread."""
+    pool = pool_of(shared[:1])
+    sig = signal()
+    sent_from: list[str] = []
+
+    def recorded(a: Any, v: Any) -> Any:
+        sent_from.append(threading.current_thread().name)
+        return a.tag_of.remote(v)
+
+    pool.submit(hold(sig), "held")
+    pool.submit(recorded, "queued")
+    waiters(sig, 1)
+
+    def release_once_the_reader_waits() -> None:
+        wait_until(lambda: pool._reading)  # the reader is in get_next, waiting for "held"
+        sig.send.remote()
+
+    releaser = threading.Thread(target=release_once_the_reader_waits)
+    releaser.start()
+    assert pool.get_next(timeout=60) == (0, "held")
+    releaser.join(60)
+    assert sent_from == [threading.current_thread().name]
+    assert pool.get_next(timeout=60) == (0, "queued")
+
+
+def test_queued_submissions_go_out_with_no_reader_and_after_a_reader_timed_out(
+        shared: list[Any]) -> None:
+    pool = pool_of(shared[:1])
+    sig = signal()
+    sent_from: list[str] = []
+
+    def recorded(a: Any, v: Any) -> Any:
+        sent_from.append(threading.current_thread().name)
+        return a.tag_of.remote(v)
+
+    pool.submit(hold(sig), "held")
+    queued = f"queued {uuid.uuid4()}"  # the shared actor saw others
+    pool.submit(recorded, queued)
+    waiters(sig, 1)
+    with pytest.raises(TimeoutError):
+        pool.get_next(timeout=0.05)
+    sig.send.remote()
+    # Nobody reads: the library's loop thread sends it once the slot frees.
+    wait_until(lambda: queued in ray.get(shared[0].values_seen.remote(), timeout=60))
+    assert sent_from and sent_from[0] != threading.current_thread().name
+    assert [pool.get_next(timeout=60) for _ in range(2)] == [(0, "held"), (0, queued)]
 
 
 def test_a_method_error_reaches_the_caller_as_ray_raises_it(shared: list[Any]) -> None:
