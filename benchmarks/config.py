@@ -29,8 +29,11 @@ class Config:
     batch_mean_s: float = 0.010
     batch_repeats: int = 6
     # Long enough that a turn's start (the first calls go alone, before a backlog forms) does not
-    # decide it: at 800 calls two turns of the same mesh differed up to 2x, at 2,000 far less.
-    tiny_calls: int = 2000
+    # decide it: at 800 calls two turns of the same mesh differed up to 2x, at 2,000 far less,
+    # but a turn still lasted ~70 ms and one mesh's turns spread over 20-41k calls/s (A/A 0.916x
+    # [0.839-1.04] at fb9c723); at 6,000 they spread over 32-42k and the A/A read 1.01x
+    # [0.967-1.05] (`--only batch_straggler tiny_noop`, 288 s against 126 s).
+    tiny_calls: int = 6000
     # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`. A turn of the mesh
     # takes ~0.15 s: 16 rather than 8 narrow the A/A interval ([0.874-1.09] at 8dfc068 with 8).
     tiny_repeats: int = 16
