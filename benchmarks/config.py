@@ -34,9 +34,10 @@ class Config:
     # [0.839-1.04] at fb9c723); at 6,000 they spread over 32-42k and the A/A read 1.01x
     # [0.967-1.05] (`--only batch_straggler tiny_noop`, 288 s against 126 s).
     tiny_calls: int = 6000
-    # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`. A turn of the mesh
-    # takes ~0.15 s: 16 rather than 8 narrow the A/A interval ([0.874-1.09] at 8dfc068 with 8).
-    tiny_repeats: int = 16
+    # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`. 16 rather than 8
+    # narrowed the A/A interval ([0.874-1.09] at 8dfc068 with 8); with turns of 6,000 calls it
+    # read [0.883-1.07] at 5eb995e with 16, so 24.
+    tiny_repeats: int = 24
     fault_measure_s: float = 1.5  # with its drain, long enough for Ray to restart the actor
     fault_drain_s: float = 1.5
     fault_repeats: int = 2  # each kills an actor per contender: a restart costs ~0.6 s
