@@ -180,11 +180,11 @@ class ActorPool(Generic[T]):
         # the sends handed to the reader; taken there, briefly. Order: `_lock`, then `_cond`.
         self._lock = threading.RLock()
         self._cond = threading.Condition()
-        self._awaited: int | None = None  # the task a reader waits for; _ANY: any of them
-        # While a reader waits, the sends of queued calls that slots freed for are handed to it
-        # rather than to the loop thread: it is woken for its results anyway, and a wake-up of
-        # another thread per call cost more driver CPU than Ray's pool spends on a call.
-        self._reading = False
+        # The task a reader waits for (_ANY: any of them); None while no reader waits. While one
+        # waits, the sends of queued calls that slots freed for are handed to it rather than to
+        # the loop thread: it is woken for its results anyway, and a wake-up of another thread
+        # per call cost more driver CPU than Ray's pool spends on a call.
+        self._awaited: int | None = None
         self._sends: list[Callable[[], None]] = []
         self._gen = self._generation(handles) if handles else None
         self._unrouted: list[_Task] = []  # submitted while the pool had no actor
@@ -341,7 +341,7 @@ class ActorPool(Generic[T]):
         """Wait (`_cond` held) until `done()` or `timeout` s; meanwhile send what is handed to
         this thread (`_post_sends`). Nothing handed is left behind when it returns."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._awaited, self._reading = awaited, True
+        self._awaited = awaited
         try:
             while True:
                 if self._sends:
@@ -359,7 +359,7 @@ class ActorPool(Generic[T]):
                     return False
                 self._cond.wait(left)
         finally:
-            self._awaited, self._reading = None, False
+            self._awaited = None
             sends, self._sends = self._sends, []
             if sends:  # handed over while this thread stopped waiting: the loop thread's now
                 _loop.post(_run_all, sends)
@@ -368,7 +368,7 @@ class ActorPool(Generic[T]):
         """Where the pool's router hands the sending of queued calls that freed slots went to
         (Ray's completion thread): to the waiting reader, else to the loop thread."""
         with self._cond:
-            if self._reading:
+            if self._awaited is not None:
                 self._sends.append(send)
                 self._cond.notify()
                 return

@@ -269,11 +269,10 @@ def test_an_actor_is_free_once_its_call_ends_though_its_result_is_unread(
     assert pool.get_next(timeout=60) == 2
 
 
-def test_queued_submissions_go_out_from_the_thread_waiting_for_results(
-        shared: list[Any]) -> None:
-    """While a reader waits in `get_next`, a queued submission whose slot frees is sent by the
-    reader, as Ray's pool sends from the caller's thread: no wake-up of another thread."""
-    pool = pool_of(shared[:1])
+def held_then_queued(actor: Any, queued: Any) -> tuple[am.ActorPool[Any], Any, list[str]]:
+    """A pool of `actor` running a call held on a signal (returned) with `queued` submitted
+    behind it, and the names of the threads that will have sent `queued`."""
+    pool = pool_of([actor])
     sig = signal()
     sent_from: list[str] = []
 
@@ -282,11 +281,19 @@ def test_queued_submissions_go_out_from_the_thread_waiting_for_results(
         return a.tag_of.remote(v)
 
     pool.submit(hold(sig), "held")
-    pool.submit(recorded, "queued")
+    pool.submit(recorded, queued)
     waiters(sig, 1)
+    return pool, sig, sent_from
+
+
+def test_queued_submissions_go_out_from_the_thread_waiting_for_results(
+        shared: list[Any]) -> None:
+    """While a reader waits in `get_next`, a queued submission whose slot frees is sent by the
+    reader, as Ray's pool sends from the caller's thread: no wake-up of another thread."""
+    pool, sig, sent_from = held_then_queued(shared[0], "queued")
 
     def release_once_the_reader_waits() -> None:
-        wait_until(lambda: pool._reading)  # the reader is in get_next, waiting for "held"
+        wait_until(lambda: pool._awaited is not None)  # the reader waits for "held"
         sig.send.remote()
 
     releaser = threading.Thread(target=release_once_the_reader_waits)
@@ -299,18 +306,8 @@ def test_queued_submissions_go_out_from_the_thread_waiting_for_results(
 
 def test_queued_submissions_go_out_with_no_reader_and_after_a_reader_timed_out(
         shared: list[Any]) -> None:
-    pool = pool_of(shared[:1])
-    sig = signal()
-    sent_from: list[str] = []
-
-    def recorded(a: Any, v: Any) -> Any:
-        sent_from.append(threading.current_thread().name)
-        return a.tag_of.remote(v)
-
-    pool.submit(hold(sig), "held")
     queued = f"queued {uuid.uuid4()}"  # the shared actor saw others
-    pool.submit(recorded, queued)
-    waiters(sig, 1)
+    pool, sig, sent_from = held_then_queued(shared[0], queued)
     with pytest.raises(TimeoutError):
         pool.get_next(timeout=0.05)
     sig.send.remote()
