@@ -15,7 +15,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -92,9 +92,10 @@ def started(receiver: Callable[[int], None], ranks: tuple[int, ...]) -> list[thr
     return threads
 
 
-def test_an_ipc_bucket_reaches_each_receiver_as_its_blob_and_nothing_stays_shared() -> None:
+def test_an_ipc_bucket_reaches_each_receiver_as_its_blob_and_only_the_senders_files_stay() -> None:
     """Each receiver maps the blob the sender shares (the safetensors blob gloo would have
-    sent); once they drop what they got, no bucket is mapped or open anywhere."""
+    sent); once they drop what they got, only the sender holds the files, for its next send,
+    until it lets go of them."""
     tensors = [("a", torch.randn(3, 5, dtype=torch.bfloat16)), ("b", torch.randn(7)),
                ("c", torch.zeros(0)), ("d", torch.arange(6).reshape(2, 3))]
     dtypes = {"a": "bfloat16", "b": "float32", "c": "float32", "d": "int64"}
@@ -124,6 +125,85 @@ def test_an_ipc_bucket_reaches_each_receiver_as_its_blob_and_nothing_stays_share
     assert all(torch.equal(got[1][name], tensor) for name, tensor in tensors)
     assert got[2] == [_transfer.blob(b) for b in buckets]
     got.clear()
+    assert len(_shared.files("ipc-test-sender")) == len(buckets)
+    _shared.release_files("ipc-test-sender")
+    assert shared_here() == 0
+
+
+def send_over_ipc(role: str, buckets: list[list[tuple[str, torch.Tensor]]],
+                  receive: Callable[[Iterator[torch.Tensor]], None]) -> None:
+    """One send of `buckets` from `role` to one receiver thread running `receive(blobs)`."""
+    store = master()
+    plan = formation(store, 1)
+
+    def receiver(rank: int) -> None:
+        group = _transfer.join(f"{role}-receiver", plan, rank)
+        try:
+            receive(_transfer.receive_blobs(group, "cpu"))
+        finally:
+            _transfer.drop(f"{role}-receiver")
+
+    [thread] = started(receiver, (1,))
+    sender = _transfer.join(role, plan, 0, store)
+    try:
+        for bucket in buckets:
+            _transfer.send_bucket(sender, bucket, "cpu")
+        _transfer.send_end(sender, "cpu")
+    finally:
+        _transfer.drop(role)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def steps(values: range) -> list[list[list[tuple[str, torch.Tensor]]]]:
+    """The buckets of one send per value: two buckets of 1 MiB, every element that value."""
+    return [[[(f"w{i}", torch.full((MiB // 4,), float(value)))] for i in range(2)]
+            for value in values]
+
+
+def test_the_next_send_writes_over_the_files_of_the_last_one_once_no_receiver_holds_them() -> None:
+    """A trainer sends every step: the sender writes each step's buckets over the memory files
+    of the step before (the kernel makes no new pages), once the receivers let go of them."""
+    got: list[list[float]] = []
+
+    def receive(blobs: Iterator[torch.Tensor]) -> None:
+        got.append([float(t[0]) for blob in blobs for t in _transfer.read(blob).values()])
+
+    inodes = []
+    for buckets in steps(range(4)):
+        send_over_ipc("ipc-test-steps", buckets, receive)
+        inodes.append({f.inode for f in _shared.files("ipc-test-steps")._files})
+    assert got == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert all(len(held) == 2 for held in inodes) and len(set(map(frozenset, inodes))) == 1
+    _shared.release_files("ipc-test-steps")
+    assert shared_here() == 0
+
+
+def test_a_bucket_a_receiver_still_holds_is_never_written_over() -> None:
+    """The pool's port keeps the buckets of the last committed send (it restores restarted
+    engines from them), and an engine may hold a bucket past its load: the next send takes
+    other files, and the one after writes over the first send's once they are let go of; the
+    sender keeps the files of its last two sends, no more."""
+    kept: list[list[torch.Tensor]] = []
+    held_meanwhile: list[list[float]] = []  # what the keeper's buckets held once the next came
+
+    def keeper(blobs: Iterator[torch.Tensor]) -> None:
+        kept.append(list(blobs))
+        if len(kept) == 2:
+            held_meanwhile.append([float(t[0]) for blob in kept[0]
+                                   for t in _transfer.read(blob).values()])
+        del kept[:-1]  # it holds the last send's buckets only, as the port does
+
+    role = "ipc-test-keeper"
+    files = []
+    for buckets in steps(range(5)):
+        send_over_ipc(role, buckets, keeper)
+        files.append(len(_shared.files(role)))
+    assert held_meanwhile == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert files == [2, 4, 4, 4, 4]
+    kept.clear()
+    gc.collect()
+    _shared.release_files(role)
     assert shared_here() == 0
 
 
@@ -137,6 +217,7 @@ def test_a_bucket_no_receiver_maps_is_let_go_of_at_the_sends_deadline() -> None:
         assert shared_here() > 0  # the bucket the sender shares
     finally:
         _transfer.drop("ipc-test-lonely")
+        _shared.release_files("ipc-test-lonely")
     assert shared_here() == 0
 
 
@@ -177,6 +258,7 @@ def test_a_receiver_that_fails_fails_the_send_at_once_and_the_senders_abort_wake
                 _transfer.send_bucket(sender, [("w", torch.full((256,), value))], "cpu")
     finally:
         _transfer.drop("ipc-test-sender")
+        _shared.release_files("ipc-test-sender")
     for thread in threads:
         thread.join(timeout=10)
     assert not any(thread.is_alive() for thread in threads)
@@ -205,6 +287,7 @@ def test_a_receiver_whose_process_died_fails_the_send_within_a_slice_of_its_wait
                 _transfer.send_bucket(sender, [("w", torch.ones(256))], "cpu")
         finally:
             _transfer.drop("ipc-test-bereaved")
+            _shared.release_files("ipc-test-bereaved")
     finally:
         doomed.wait(timeout=30)
         receiver.ended = True  # it never received: nothing to say on the way out

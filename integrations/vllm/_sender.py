@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from .._checks import check_optional_int, seconds
-from . import _transfer, _weights
+from . import _shared, _transfer, _weights
 from ._protocol import WeightSpec
 from ._transfer import BACKENDS, Formation
 
@@ -414,12 +414,24 @@ class WeightSender:
         assert isinstance(done, int)
         return done
 
+    def close(self) -> None:
+        """Let go of the memory this process keeps for its sends to this pool: over ipc of CPU
+        tensors, the files of its last two sends (twice the bytes it sends), which the next
+        send writes over instead of asking the kernel for new memory. The next send makes them
+        again; they also go with the process."""
+        _transfer.drop(self._role)
+        _shared.release_files(self._role)
+
+    @property
+    def _role(self) -> str:
+        return f"sender.{self._pool_id}"
+
     def _stream(self, formation: Formation, store: TCPStore, tensors: list[tuple[str, Any]],
                 device: str) -> Sent:
         """Broadcast (or share) every bucket over the formation's group (putting a copy of each
         where no keeper receives them); what the pool is told. A failure drops the group (the
         receivers' receives fail with it; a shared bucket is let go of)."""
-        role = f"sender.{self._pool_id}"
+        role = self._role
         copies = []
         try:
             group = _transfer.join(role, formation, 0, store)

@@ -106,7 +106,8 @@ def join(role: str, formation: Formation, rank: int, store: TCPStore | None = No
     prefixed = PrefixStore(f"actormesh.weights.{formation.id}", store)
     group: Group
     if formation.backend == "ipc":
-        group = _shared.Channel(prefixed, rank, formation.size, formation.timeout_s)
+        group = _shared.Channel(prefixed, rank, formation.size, formation.timeout_s,
+                                _shared.files(role) if rank == 0 else None)
     elif formation.backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
