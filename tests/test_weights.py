@@ -421,6 +421,20 @@ def test_an_ipc_sender_that_dies_with_a_bucket_shared_leaves_the_old_weights_and
     assert shm_names() <= before
 
 
+def test_an_ipc_sender_keeps_its_buckets_memory_for_the_next_send_until_it_is_closed(
+    pool: EnginePool,
+) -> None:
+    """Between sends the sender's process keeps the memory of its buckets (the next send writes
+    over it); `close` lets go of it, and the send after makes it anew."""
+    with ipc_trainer(pool) as trainer:
+        trainer.methods.send.choose(rigged(0.25)).get(timeout=120)
+        assert list(trainer.run_in_actors(shared_maps).get(timeout=60)) > [0]
+        trainer.methods.close_sender.choose().get(timeout=60)
+        assert list(trainer.run_in_actors(shared_maps).get(timeout=60)) == [0]
+        version = trainer.methods.send.choose(rigged(0.5)).get(timeout=120)
+    assert served_by_each(pool) == [(reference(PROMPT, 6, rigged(0.5))[0], [version] * 6)] * 2
+
+
 def another_host(_: Any = None) -> Place:
     return Place("another-node")
 

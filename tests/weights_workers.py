@@ -25,6 +25,10 @@ class Trainer:
         return self.sender.send(weights, version=version, timeout=timeout)
 
     @am.method
+    def close_sender(self) -> None:
+        self.sender.close()
+
+    @am.method
     def send_from_gpu(self, weights: dict[str, Any]) -> int:
         """Send the weights from this process's GPU (as CUDA tensors)."""
         import torch
