@@ -207,7 +207,10 @@ def _measure(pool: EnginePool, source: am.ActorMesh[Source], sinks: am.ActorMesh
     del ref
 
     busy_pauses, steps = [], []
-    for i in range(3):  # sends while requests generate: what pausing them costs
+    # Sends while requests generate: what pausing them costs. A pause waits for each engine's
+    # step under way (up to a decode step, ~45 ms here), so its median over 3 moved by a step
+    # from run to run (25.1 ms at 392140f, 55.4 ms in a quick run at 9240355): 5.
+    for i in range(5):
         requests = [pool.generate([1, 5 + i, 9, 11 + j], {"max_tokens": 64, "ignore_eos": True})
                     for j in range(16)]
         steps.append(_decode_step_s(pool, len(requests)))
