@@ -415,10 +415,10 @@ class WeightSender:
         return done
 
     def close(self) -> None:
-        """Let go of the memory this process keeps for its sends to this pool: over ipc of CPU
-        tensors, the files of its last two sends (twice the bytes it sends), which the next
-        send writes over instead of asking the kernel for new memory. The next send makes them
-        again; they also go with the process."""
+        """Let go of what this process keeps for its sends to this pool: its group, and over ipc
+        of CPU tensors the memory files of its last two sends (twice the bytes it sends), which
+        the next send writes over instead of asking the kernel for new memory. The next send
+        makes them again; they also go with the process."""
         _transfer.drop(self._role)
         _shared.release_files(self._role)
 
