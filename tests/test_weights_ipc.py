@@ -207,6 +207,24 @@ def test_a_bucket_a_receiver_still_holds_is_never_written_over() -> None:
     assert shared_here() == 0
 
 
+def test_the_senders_files_close_even_when_a_buffer_of_one_is_still_exported() -> None:
+    """A buffer still exported from a file's mapping does not stop the sender from letting go
+    of its files: the descriptor closes, the mapping goes with the last buffer."""
+    kept = _shared.Files()
+    kept.begin()
+    file = kept.put(b"head", [torch.ones(1024)])
+    assert kept.put(b"head", [torch.ones(1024)]) is not file  # written this send: another
+    kept.begin()
+    assert kept.put(b"head", [torch.zeros(1024)]) is file  # no one holds it: written over
+    leftover = memoryview(file._map)
+    kept.close()
+    assert len(kept) == 0 and leftover[0] == ord("h")
+    leftover.release()
+    del file, leftover
+    gc.collect()
+    assert shared_here() == 0
+
+
 def test_a_bucket_no_receiver_maps_is_let_go_of_at_the_sends_deadline() -> None:
     store = master()
     plan = formation(store, 1, timeout_s=0.5)  # its receiver never comes
