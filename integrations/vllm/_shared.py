@@ -212,7 +212,7 @@ class _File:
     def close(self) -> None:
         try:
             self._map.close()
-        except BufferError:  # a view of it outlived a failed write: the map goes with it
+        except BufferError:  # a buffer of it is still exported: the map goes with the last one
             pass
         os.close(self.fd)
 
