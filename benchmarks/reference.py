@@ -34,7 +34,7 @@ Shared rules, native and here:
   nor its method is alone), the task has fewer than `coalesce` calls, the actor a free call slot,
   and their expected service times (the method's ewma_s, or batch_budget_s / 4 unmeasured) fit
   the rest of batch_budget_s. Under a backlog (see `_budget`) the budget grows with its depth
-  and a task takes at least two calls.
+  and a task takes at least two calls. An actor whose speed is not known takes one call a task.
 - Service time: a task of k calls is k samples of an equal share of its duration: the EWMA moves
   by the weight 1 - (1 - alpha)**k (alpha for one call). The method's estimate, and the actor's
   one for the pipeline rule (`low_s`), rise RISE_SLOWER times slower than they fall: samples
@@ -720,7 +720,7 @@ class Scheduler:
     def _batch(self, actor: int, first: Queued, allowed: tuple[float, int]) -> Decision:
         """The task `first` opens on `actor`, with the waiting calls that ride along."""
         tickets = [first.ticket]
-        if self.coalesce == 1 or not self._may_ride(first):
+        if self.coalesce == 1 or not self._may_ride(first) or not self._loads[actor].known:
             return Decision(first.ticket, actor)
         budget = allowed[0] - self._expected_s(first)
         while len(tickets) < self.coalesce and self._has_call_slot(actor):

@@ -73,9 +73,12 @@ Scheduler::Budget Scheduler::budget(uint32_t group, uint32_t actor) const {
 // may ride, the task holds fewer than `coalesce` calls, the actor has a free call slot, and the
 // expected service times add up to the budget (or the task holds fewer calls than the budget's
 // minimum). They stop at the first call that may not ride, so every queue still leaves in FIFO
-// order. Ties between groups go to the oldest ticket, as in a drain.
+// order. Ties between groups go to the oldest ticket, as in a drain. An actor of unknown speed
+// (new, restarted, back from an ejection: measured beyond start-up by no call yet) takes its
+// calls one per task, as a pool does: it may be a straggler, and a batch sized by the method's
+// estimate (or, unmeasured, by a quarter of the budget each) would all wait behind it.
 void Scheduler::add_mates(uint32_t group, uint32_t actor, const QueuedCall& first, Drain& out) {
-  if (settings_.coalesce == 1 || !may_ride(first)) return;
+  if (settings_.coalesce == 1 || !may_ride(first) || !loads_[actor].known()) return;
   const size_t opened = out.dispatched.size() - 1;
   const Budget allowed = budget(group, actor);
   double left = allowed.seconds - expected_s(first);

@@ -142,7 +142,8 @@ def test_cancelling_every_call_of_a_running_task_stops_it_and_frees_its_slot(
     ray_cluster: None,
 ) -> None:
     with am.ActorMesh(Gated, shape=1, num_cpus=0.1, balancer=ONE_TASK) as mesh:
-        held, never = signal(), signal()
+        mesh.methods.cancelled_calls.choose().get(timeout=60)  # its start-up: then its speed
+        held, never = signal(), signal()                      # is known, and calls ride
         blocked = mesh.methods.block.choose(held)
         waiters(held, 1)
         futures = [mesh.methods.gate.choose(never) for _ in range(3)]  # they ride one task

@@ -135,6 +135,14 @@ class Harness:
     def pending(self, actor: int) -> list[FakeRef]:
         return [r for r in self.handles[actor].sent if r.callback is not None]
 
+    def measured(self, *actors: int) -> None:
+        """Each of `actors`' speed known, as after its start-up and one more call (an actor of
+        unknown speed takes its calls one per task)."""
+        for actor in actors:
+            for started, ended in ((-2.0, -1.9), (-1.0, -0.99999)):
+                self.scheduler.acquire(actor)
+                self.scheduler.complete(actor, started, ended, 0)
+
     def finish(self, ref: FakeRef, value: Any = None, *, kind: int = _ray.OK,
                error: BaseException | None = None, lost: BaseException | None = None) -> None:
         """End the call behind `ref` on the "Ray" thread: a value, an error of `kind`, or
@@ -1191,7 +1199,9 @@ def packed_error(message: str) -> _runner.Raised:
 
 
 def queue_behind_one(h: Harness, *args: Any, method: str = "f") -> list[am.MeshFuture[Any]]:
-    """Occupy actor 0's one task slot, then queue a call per argument behind it."""
+    """Occupy the one task slot of actor 0 (of known speed), then queue a call per argument
+    behind it."""
+    h.measured(0)
     h.method().choose("first")
     return [h.method(method).choose(a) for a in args]
 
@@ -1258,6 +1268,7 @@ def test_a_call_cancelled_after_its_batch_was_formed_gives_its_slot_back() -> No
 
 def test_a_batch_whose_actor_died_reroutes_the_calls_with_retries_and_fails_the_others() -> None:
     h = Harness(2, balancer=ONE_TASK, coalesce=8)
+    h.measured(0)
     view = h.view(0)
     view.choose("first")
     h.method().choose("other")

@@ -290,6 +290,15 @@ def measure(s: Scheduler, actor: int, seconds: float, times: int = 1) -> None:
         now += seconds
 
 
+def known(s: Scheduler, *actors: int) -> Scheduler:
+    """`s` after each of `actors` (all by default) ended a start-up and then one call of 10 µs:
+    its speed is known (an actor of unknown speed takes one call a task)."""
+    for actor in actors or range(s.num_actors):
+        started(s, actor)
+        measure(s, actor, 1e-5)
+    return s
+
+
 def test_sed_avoids_an_actor_measured_slow() -> None:
     s = Scheduler(2, "sed")
     measure(s, 0, 1.0, times=30)
@@ -1371,9 +1380,9 @@ def test_without_stickiness_keys_only_reach_the_picker() -> None:
 
 
 def busy_with_queue(queued: int, actors: int = 1, **settings: Any) -> Scheduler:
-    """`actors` `adaptive` actors with one task slot each, all busy, and `queued` calls waiting
-    (a backlog from 2 per actor)."""
-    s = Scheduler(actors, "adaptive", max_tasks=1, **settings)
+    """`actors` `adaptive` actors of known speed with one task slot each, all busy, and `queued`
+    calls waiting (a backlog from 2 per actor)."""
+    s = known(Scheduler(actors, "adaptive", max_tasks=1, **settings))
     for _ in range(actors):
         dispatch(s)
     for _ in range(queued):
@@ -1488,7 +1497,7 @@ def test_adaptive_picks_the_least_loaded_then_the_idle_actor_used_last_or_busy_o
 
 
 def test_a_batch_is_one_task_carrying_several_calls_in_flight() -> None:
-    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8)
+    s = known(Scheduler(1, "adaptive", max_tasks=1, coalesce=8))
     dispatch(s)
     waiting = [Payload(str(i)) for i in range(3)]
     tickets = [s.submit(0, payload=p).ticket for p in waiting]
@@ -1562,13 +1571,13 @@ def test_a_straggler_takes_no_more_than_the_budget_under_a_backlog() -> None:
 
 
 def test_an_unmeasured_method_starts_with_small_batches() -> None:
-    s = Scheduler(8, "adaptive", max_tasks=1, coalesce=64)
+    s = known(Scheduler(8, "adaptive", max_tasks=1, coalesce=64))
     slow = s.add_method()
     for _ in range(8):
         dispatch(s)
     for _ in range(10):
         s.submit(0, method=slow)
-    # The completion measured method 0, not `slow`: its calls are expected to take budget / 4.
+    # Method 0 is measured, not `slow`: its calls are expected to take budget / 4.
     [batch] = s.complete(0, 0.0, 1e-5, 0)
     assert len(batch.tickets) == 4
     assert math.isnan(s.method_latency_s(slow))
@@ -1577,13 +1586,31 @@ def test_an_unmeasured_method_starts_with_small_batches() -> None:
 
 
 def test_a_batch_is_bounded_by_the_actors_free_call_slots() -> None:
-    s = Scheduler(1, "pull", max_in_flight=4, coalesce=8)
+    s = known(Scheduler(1, "adaptive", max_tasks=1, max_in_flight=3, coalesce=8))
     dispatch(s)
-    s.mark_dead(0, restarting=True)
     for _ in range(6):
         s.submit(0)
-    [batch] = s.mark_alive(0)  # three free slots
-    assert len(batch.tickets) == 3 and s.in_flight() == [4]
+    [batch] = s.complete(0, 1.0, 1.00001, 0)  # three free call slots
+    assert len(batch.tickets) == 3 and s.in_flight() == [3]
+
+
+def test_an_actor_of_unknown_speed_takes_one_call_a_task_new_or_restarted() -> None:
+    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8)
+    dispatch(s)
+    for _ in range(6):
+        s.submit(0)
+    # Its first call ended: a start-up, which tells nothing of its speed. A batch sized by the
+    # method's estimate could all wait behind a straggler: it takes the next call alone.
+    assert [len(d.tickets) for d in s.complete(0, 0.0, 1e-5, 0)] == [1]
+    assert [len(d.tickets) for d in s.complete(0, 1.0, 1.00001, 0)] == [5]  # measured: a batch
+    s.complete(0, 2.0, 2.00005, 0, calls=5)
+    s.mark_dead(0, restarting=True)
+    for _ in range(4):
+        s.submit(0)
+    # A new process is measured anew: the call it starts up with, then one more, go alone.
+    assert [len(d.tickets) for d in s.mark_alive(0)] == [1]
+    assert [len(d.tickets) for d in s.complete(0, 3.0, 3.00001, 0)] == [1]
+    assert [len(d.tickets) for d in s.complete(0, 4.0, 4.00001, 0)] == [2]
 
 
 def test_pull_with_one_slot_never_batches() -> None:
@@ -1606,7 +1633,7 @@ def test_calls_of_a_method_declared_alone_never_ride_a_batch() -> None:
 
 
 def test_a_call_that_may_not_ride_ends_the_batch_before_it_and_keeps_its_place() -> None:
-    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8)
+    s = known(Scheduler(1, "adaptive", max_tasks=1, coalesce=8))
     dispatch(s)
     first, second = s.submit(0).ticket, s.submit(0).ticket
     lone = s.submit(0, alone=True).ticket
@@ -1626,7 +1653,7 @@ def test_a_lone_call_under_light_load_is_its_own_task() -> None:
 
 
 def test_a_batch_takes_the_calls_waiting_in_every_group_of_its_actor_oldest_first() -> None:
-    s = Scheduler(2, "adaptive", max_tasks=1, coalesce=8)
+    s = known(Scheduler(2, "adaptive", max_tasks=1, coalesce=8))
     only_zero = s.add_group([0])
     dispatch(s)
     dispatch(s)
@@ -1636,12 +1663,13 @@ def test_a_batch_takes_the_calls_waiting_in_every_group_of_its_actor_oldest_firs
 
 
 def test_a_batch_carries_keyed_calls_only_where_keys_stick_natively() -> None:
-    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8)
+    s = known(Scheduler(1, "adaptive", max_tasks=1, coalesce=8))
     dispatch(s)
     s.submit(0, affinity=5)
     s.submit(0, affinity=6)
     assert [len(d.tickets) for d in s.complete(0, 0.0, 1e-5, 0)] == [2]
-    by_key = Scheduler(1, picker=first_picker, sticky=False, coalesce=8, max_in_flight=1)
+    by_key = known(Scheduler(1, picker=first_picker, sticky=False, coalesce=8,
+                             max_in_flight=1))
     dispatch(by_key)
     by_key.submit(0, affinity=5)
     by_key.submit(0, affinity=6)
@@ -1649,19 +1677,21 @@ def test_a_batch_carries_keyed_calls_only_where_keys_stick_natively() -> None:
 
 
 def test_completing_a_batch_samples_each_call_and_counts_each_failed_call_for_ejection() -> None:
-    s = Scheduler(1, "adaptive", max_tasks=1, coalesce=8, ewma_alpha=0.5, eject_after=2)
+    s = started(Scheduler(1, "adaptive", max_tasks=1, coalesce=8, ewma_alpha=0.5,
+                          eject_after=2))
+    measure(s, 0, 0.0001)  # a call of 0.1 ms: its speed is known
     for _ in range(5):
         s.submit(0)
-    s.complete(0, 0.0, 0.0001, 0)  # the first call alone: 0.1 ms
-    s.complete(0, 1.0, 1.0004, 0, calls=4)  # 4 calls in 0.4 ms: 0.1 ms each
+    s.complete(0, 1.0, 1.0001, 0)  # the first call alone: 0.1 ms
+    s.complete(0, 2.0, 2.0004, 0, calls=4)  # 4 calls in 0.4 ms: 0.1 ms each
     assert s.mean_latency_s()[0] == pytest.approx(0.0001)
     for _ in range(2):
         s.acquire(0)
-    s.complete(0, 2.0, 2.1, 1, calls=2)
+    s.complete(0, 3.0, 3.1, 1, calls=2)
     assert s.ejected() == [False]  # one failed call after a success: one failure in a row
     for _ in range(2):
         s.acquire(0)
-    s.complete(0, 3.0, 3.1, 2, calls=2)
+    s.complete(0, 4.0, 4.1, 2, calls=2)
     assert s.ejected() == [True]  # two failed calls in one task: two failures in a row
 
 
