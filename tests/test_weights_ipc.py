@@ -211,11 +211,12 @@ def test_the_senders_files_close_even_when_a_buffer_of_one_is_still_exported() -
     """A buffer still exported from a file's mapping does not stop the sender from letting go
     of its files: the descriptor closes, the mapping goes with the last buffer."""
     kept = _shared.Files()
+    size = 4 + 1024 * 4
     kept.begin()
-    file = kept.put(b"head", [torch.ones(1024)])
-    assert kept.put(b"head", [torch.ones(1024)]) is not file  # written this send: another
+    file = kept.put(b"head", [torch.ones(1024)], size)
+    assert kept.put(b"head", [torch.ones(1024)], size) is not file  # written this send: another
     kept.begin()
-    assert kept.put(b"head", [torch.zeros(1024)]) is file  # no one holds it: written over
+    assert kept.put(b"head", [torch.zeros(1024)], size) is file  # no one holds it: over it
     leftover = memoryview(file._map)
     kept.close()
     assert len(kept) == 0 and leftover[0] == ord("h")

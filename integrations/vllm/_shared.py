@@ -233,9 +233,8 @@ class Files:
         with self._lock:
             self._send += 1
 
-    def put(self, head: bytes, tensors: list[torch.Tensor]) -> _File:
-        """A file holding the bucket `head` + `tensors` (its data from byte 0)."""
-        size = len(head) + sum(t.numel() * t.element_size() for t in tensors)
+    def put(self, head: bytes, tensors: list[torch.Tensor], size: int) -> _File:
+        """A file holding the bucket `head` + `tensors`, `size` bytes (its data from byte 0)."""
         with self._lock:
             for file in self._files:
                 if file.send != self._send and file.capacity >= size and not file.held():
@@ -310,19 +309,18 @@ class _Exported:
 def send(channel: Channel, head: bytes, tensors: list[torch.Tensor], device: str) -> None:
     """Share one bucket (its header, then each tensor's bytes, as `_transfer.layout` made them):
     a CPU bucket until every receiver has mapped it, a CUDA one in the next slot."""
+    size = len(head) + sum(t.numel() * t.element_size() for t in tensors)
     if device == "cpu":
-        _send_cpu(channel, head, tensors)
+        _send_cpu(channel, head, tensors, size)
     else:
-        size = len(head) + sum(t.numel() * t.element_size() for t in tensors)
         _send_cuda(channel, head, tensors, device, size)
     channel.bucket += 1
 
 
-def _send_cpu(channel: Channel, head: bytes, tensors: list[torch.Tensor]) -> None:
+def _send_cpu(channel: Channel, head: bytes, tensors: list[torch.Tensor], size: int) -> None:
     if channel._files is None:
         raise RuntimeError("only the sender (rank 0) of an ipc channel sends")
-    file = channel._files.put(head, tensors)
-    size = len(head) + sum(t.numel() * t.element_size() for t in tensors)
+    file = channel._files.put(head, tensors, size)
     channel.store.set(str(channel.bucket), pickle.dumps(file.handle(size)))
     acks = _acks(channel, channel.bucket)
     wait_acknowledged(channel, acks)
