@@ -86,7 +86,9 @@ class Policy:
     a backlog (2 calls waiting per actor) a batch may take up to 8 budgets, as the backlog's
     depth allows, and at least 2 calls, so that a method measured slow once (a service time
     measured on the driver holds each task's round trip) is measured again over several calls
-    a task and its batches grow back.
+    a task and its batches grow back. An actor whose speed is not known yet (new, restarted,
+    back from an ejection; its first call, which may have waited for its `__init__`, does not
+    count) takes its calls one per task: it may be a straggler.
     "adaptive" over actors that run one call at a time also holds a call back from a free
     straggler (an actor over `hold_ratio` times slower than the others, measured) while the
     faster actors are expected to take and finish it sooner, at most for the straggler's own
