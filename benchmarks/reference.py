@@ -708,8 +708,7 @@ class Scheduler:
         live = max(sum(self._loads[a].alive for a in g.members), 1)
         depth = (len(g.queue) + 1) / (BACKLOG * live)
         load = self._loads[actor]
-        if (depth < 1 or not load.known or load.failures_in_a_row
-                or not self._not_slower(g, actor)):
+        if depth < 1 or load.failures_in_a_row or not self._not_slower(g, actor):
             return self._budget_s, 1
         return self._budget_s * min(depth, BACKLOG_BUDGETS), 2
 

@@ -49,8 +49,8 @@ bool Scheduler::not_slower(const Group& group, uint32_t actor) const {
   return o.count == 0 || loads_[actor].low_s * o.rate <= kBacklogSlower * o.count;
 }
 
-// The expected duration a task opened from `group`'s queue on `actor` may carry, and the calls
-// it takes even beyond it. Normally batch_budget_s, and no minimum. Under a backlog of `group`
+// The expected duration a task opened from `group`'s queue on `actor` (of known speed: see
+// add_mates) may carry, and the calls it takes even beyond it. Normally batch_budget_s, and no minimum. Under a backlog of `group`
 // (its first call included), with an actor not slower than the others, the budget grows with the
 // backlog's depth, up to kBacklogBudgets times, and a task takes at least two calls: a method's
 // estimate is measured on the driver and includes the round trip of each task, so once calls
@@ -62,7 +62,7 @@ Scheduler::Budget Scheduler::budget(uint32_t group, uint32_t actor) const {
   const double depth = static_cast<double>(g.queue.size() + 1) /
                        static_cast<double>(kBacklog * std::max(g.live, 1u));
   const ActorLoad& a = loads_[actor];
-  if (depth < 1.0 || !a.known() || a.failures_in_a_row > 0 || !not_slower(g, actor)) {
+  if (depth < 1.0 || a.failures_in_a_row > 0 || !not_slower(g, actor)) {
     return {settings_.batch_budget_s, 1};
   }
   return {settings_.batch_budget_s * std::min(depth, kBacklogBudgets), 2};
