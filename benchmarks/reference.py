@@ -176,6 +176,7 @@ LATEST = 3  # samples an actor keeps: a straggler's are all slow, a heavy tail's
 ALL_SLOW = 2.0  # a straggler too while its latest LATEST samples are each over this x the bar
 FLOOR = 0.25  # and its time over this x the bar
 ABOVE_MEAN = 3.0  # and those samples over this x the others' mean time
+RETEST_SOONER = 25.0  # a judgement on fewer than LATEST samples counts half as much this x sooner
 HEDGE_SLOWER = 2.0  # a hedge never goes to an actor over this many times slower
 BACKLOG = 2  # a backlog: this many queued calls per live member of the group
 BACKLOG_TAIL = 2.0  # a backlog's second task: the method's p90 within this x its median
@@ -505,8 +506,10 @@ class Scheduler:
 
     def _holds(self, g: Group, actor: int, waiting: int) -> bool:
         """Whether a call is held back from the straggler `actor` (see the native core's
-        Scheduler::holds): its time (its service time slow to rise, `low_s`, halved for every
-        STALE_TASKS_PER_ACTOR tasks per actor sent since its last) is over hold_ratio times the
+        Scheduler::holds): its time (its service time slow to rise, `low_s`, or the mean of
+        its latest samples if lower, halved for every STALE_TASKS_PER_ACTOR tasks per actor sent
+        since its last, RETEST_SOONER times as often while it has had fewer than LATEST samples
+        since it was measured or went stale) is over hold_ratio times the
         harmonic mean of the other rated members, and they are expected to take and finish the
         call sooner, wait = (waiting + others) / rate < its time; at most PATIENCE * wait, or
         its time if sooner, without a call leaving the queue. It is a straggler as well while
@@ -521,8 +524,10 @@ class Scheduler:
         if others == 0 or not rate > 0:
             return False
         assert load.ewma_s is not None
-        passed_over = (self._tasks_sent - load.last_task) / self._stale_after()
-        time = max(load.low_s * math.pow(2.0, -passed_over), MIN_TIME)
+        retest_after = self._stale_after() / (RETEST_SOONER if len(load.latest) < LATEST else 1.0)
+        passed_over = (self._tasks_sent - load.last_task) / retest_after
+        estimate = min(load.low_s, sum(load.latest) / len(load.latest)) if load.latest else load.low_s
+        time = max(estimate * math.pow(2.0, -passed_over), MIN_TIME)
         wait = (waiting + others) / rate
         bar = self._hold_ratio * others / rate
         all_slow = (pace > 0 and len(load.latest) == LATEST

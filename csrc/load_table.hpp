@@ -68,6 +68,15 @@ struct ActorLoad {
     if (latest_count < kLatest) return 0.0;
     return *std::min_element(latest.begin(), latest.end());
   }
+  // The mean of its latest samples (up to kLatest, oldest first); `fallback` with none.
+  double latest_mean_s(double fallback) const {
+    if (latest_count == 0) return fallback;
+    double sum = 0.0;
+    for (uint32_t i = 0; i < latest_count; ++i) {
+      sum += latest[(latest_next + kLatest - latest_count + i) % kLatest];
+    }
+    return sum / latest_count;
+  }
 };
 
 // What the scheduler learns of one method (of every actor): its service time per call, and

@@ -38,10 +38,15 @@ std::optional<uint32_t> Scheduler::free_member(uint32_t group, int64_t exclude,
 // other members are expected to take and finish the call sooner than `actor` would: through
 // the `waiting` calls at their joint rate R, then one of their own service times,
 // W = (waiting + others) / R < the straggler's time.
-// The straggler's time is its estimate slow to rise (`low_s`), counted half as much for every
-// kStaleTasksPerActor tasks per actor the mesh was sent since the straggler's last: one passed
-// over is tried again now and then (sooner when the wait it spares is long), and being stale
-// its next sample replaces its estimate, so a straggler that has recovered is seen at once.
+// The straggler's time is its estimate slow to rise (`low_s`), or the mean of its latest
+// kLatest samples if that is lower, counted half as much for every kStaleTasksPerActor tasks
+// per actor the mesh was sent since the straggler's last: one passed over is tried again now
+// and then (sooner when the wait it spares is long), and being stale its next sample replaces
+// its estimate, so a straggler that has recovered is seen at once. A judgement that rests on
+// fewer than kLatest samples (a new actor's first call, a stale one's) is tried kRetestSooner
+// times as often: one long call of a heavy tail (a call of 8x the mean, once in 3,000 of an
+// exponential) sets a first estimate outright, and must not pass a healthy actor over for
+// thousands of tasks; the mean of its next calls clears it.
 // Its time rises slowly (a heavy tail's long calls must not make an actor look slow), so an
 // actor that has just become a straggler would take a dozen calls to cross that bar, and then
 // sit at it, let through whenever the bar moves. It is a straggler as well while each of its
@@ -59,14 +64,18 @@ bool Scheduler::holds(uint32_t group, uint32_t actor, uint64_t waiting) {
   constexpr double kAllSlow = 2.0;
   constexpr double kFloor = 0.25;
   constexpr double kAboveMean = 3.0;
+  constexpr double kRetestSooner = 25.0;
   if (!may_hold()) return false;
   const ActorLoad& a = loads_[actor];
   if (!a.known()) return false;
   Group& g = groups_[group];
   const auto [others, rate, pace] = others_of(g, actor);
   if (others == 0 || !(rate > 0.0)) return false;
-  const double passed_over = static_cast<double>(loads_.age(actor)) / loads_.stale_after();
-  const double time = std::max(a.low_s * std::pow(2.0, -passed_over), kMinTime);
+  const double retest_after =
+      loads_.stale_after() / (a.latest_count < kLatest ? kRetestSooner : 1.0);
+  const double passed_over = static_cast<double>(loads_.age(actor)) / retest_after;
+  const double estimate = std::min(a.low_s, a.latest_mean_s(a.low_s));
+  const double time = std::max(estimate * std::pow(2.0, -passed_over), kMinTime);
   const double wait = static_cast<double>(waiting + others) / rate;
   const double bar = settings_.hold_ratio * others / rate;
   const bool straggler =

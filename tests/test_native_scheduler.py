@@ -1937,17 +1937,22 @@ def test_nothing_is_held_back_from_an_actor_of_the_others_speed() -> None:
     assert sorted(dispatch(s) for _ in range(3)) == [0, 1, 2]
 
 
-def test_a_straggler_passed_over_is_tried_again_and_its_stale_estimate_replaced() -> None:
-    s = straggler_mesh()
+def calls_until_actor_2_is_tried(s: Scheduler, start_s: float = 100.0) -> int:
+    """With actors 0 and 1 busy, one call after another until one goes to actor 2: each held
+    back from it is taken by the next of 0 and 1 to end its call of 10 ms. The count of calls."""
     busy = [0, 1]
     for sent in range(1, 4000):
-        decision = s.submit(0)
-        if decision.actor == 2:
-            break
-        # held: the next fast actor to finish takes it (a call of 10 ms)
-        ended = 100.0 + 0.01 * sent
+        if s.submit(0).actor == 2:
+            return sent
+        ended = start_s + 0.01 * sent
         [taken] = s.complete(busy[sent % 2], ended - 0.01, ended, 0)
         assert taken.actor == busy[sent % 2]
+    raise AssertionError("actor 2 was never tried")
+
+
+def test_a_straggler_passed_over_is_tried_again_and_its_stale_estimate_replaced() -> None:
+    s = straggler_mesh()
+    sent = calls_until_actor_2_is_tried(s)
     # Its 0.2 s counts half as much every 200 tasks per actor (600 here). Its latest calls were
     # all slow, so it stays a straggler below the bar (hold_ratio 3 times the others' 10 ms): it
     # is tried again once it no longer counts over the wait for a faster actor, (1 + 2) / 200
@@ -1955,6 +1960,41 @@ def test_a_straggler_passed_over_is_tried_again_and_its_stale_estimate_replaced(
     assert 2100 < sent < 2400
     s.complete(2, 200.0, 200.01, 0)  # it has recovered
     assert s.mean_latency_s()[2] == pytest.approx(0.01)
+
+
+def new_actor_2(first_s: float) -> Scheduler:
+    """Actors 0 and 1 known at 10 ms and busy; actor 2 new: its start-up, then one call of
+    `first_s`, its first sample, which sets its estimate; the library's hold_ratio (5)."""
+    s = rated(Scheduler(3, "adaptive", max_tasks=1, hold_ratio=5.0), {0: 0.01, 1: 0.01})
+    started(s, 2)
+    measure(s, 2, first_s)
+    s.acquire(0)
+    s.acquire(1)
+    return s
+
+
+def test_one_long_first_call_passes_a_healthy_actor_over_for_tens_of_calls_not_thousands() -> None:
+    # An exponential of mean 10 ms draws 84 ms once in 4,400 calls: as a new actor's first
+    # sample it puts the actor over the bar (5 times the others' 10 ms). A judgement on fewer
+    # than 3 samples is tried again 25 times as often (its 84 ms count half as much every 24
+    # calls here, not every 600), and the mean of its samples clears it.
+    s = new_actor_2(0.084)
+    assert 10 < calls_until_actor_2_is_tried(s) < 30
+    s.complete(2, 100.0, 100.01, 0)  # a usual call: the mean of its two, 47 ms, is under the bar
+    s.complete(0, 100.0, 100.01, 0)
+    s.complete(1, 100.0, 100.01, 0)
+    assert sorted(dispatch(s) for _ in range(3)) == [0, 1, 2]
+
+
+def test_a_new_actor_whose_first_calls_are_all_slow_is_passed_over_after_three() -> None:
+    # Its first call of 200 ms puts it over the bar at once; tried again soon while its
+    # judgement rests on fewer than 3 samples, it is slow each time, and then passed over as
+    # long as any straggler: 200 ms counting half as much every 600 calls, until under the bar.
+    s = new_actor_2(0.2)
+    for start_s in (200.0, 300.0):
+        assert calls_until_actor_2_is_tried(s, start_s) < 60
+        s.complete(2, start_s, start_s + 0.2, 0)
+    assert calls_until_actor_2_is_tried(s) > 1000
 
 
 def test_only_adaptive_over_task_slots_holds_calls_back() -> None:
