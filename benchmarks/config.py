@@ -36,8 +36,11 @@ class Config:
     tiny_calls: int = 6000
     # tiny_noop, the choose-against-raw headline; tiny_100us runs `repeats`. 16 rather than 8
     # narrowed the A/A interval ([0.874-1.09] at 8dfc068 with 8); with turns of 6,000 calls it
-    # read [0.883-1.07] at 5eb995e with 16, so 24.
-    tiny_repeats: int = 24
+    # read [0.883-1.07] at 5eb995e with 16, and with 24 [0.947-1.13], [0.877-1.00] (a turn's
+    # rate strays ~12% whatever the mesh: 2 cores shared with the actors and Ray). So 48, the
+    # slow baselines and the other policies playing every 2nd of them (`baselines_every`): as
+    # many of their turns as before, in the same time, the A/A's interval ~1/sqrt(2) as wide.
+    tiny_repeats: int = 48
     fault_measure_s: float = 1.5  # with its drain, long enough for Ray to restart the actor
     fault_drain_s: float = 1.5
     fault_repeats: int = 2  # each kills an actor per contender: a restart costs ~0.6 s
@@ -81,7 +84,7 @@ QUICK = Config("quick")
 FULL = Config(
     "full", actors=16, repeats=12, others_every=1, warmup_s=1.0, measure_s=4.0, drain_s=10.0,
     fault_drain_s=10.0, batch_drain_s=60.0,
-    batch_calls=2000, batch_repeats=10, tiny_calls=10_000, tiny_repeats=10, fault_measure_s=8.0,
+    batch_calls=2000, batch_repeats=10, tiny_calls=10_000, tiny_repeats=20, fault_measure_s=8.0,
     fault_repeats=5, skip=(), call_repeats=15, map_items=20_000, burst_calls=8000,
     sequential_calls=1000, hedge_repeats=12, drivers_measure_s=10.0, drivers_repeats=8,
     kill_calls=20_000, kill_repeats=6,

@@ -26,7 +26,7 @@ import actormesh as am  # noqa: E402
 from actormesh import _balancer  # noqa: E402
 from benchmarks import cli  # noqa: E402  (the repository root is on pythonpath)
 from benchmarks.config import SMOKE  # noqa: E402
-from benchmarks.harness import metrics, turns  # noqa: E402
+from benchmarks.harness import metrics, runner, turns  # noqa: E402
 from benchmarks.harness.contenders import FreshMesh, default_policy, twin_name  # noqa: E402
 from benchmarks.harness.context import Context  # noqa: E402
 from benchmarks.harness.workloads import Service  # noqa: E402
@@ -95,6 +95,17 @@ def test_every_balancing_scenario_has_every_contender_and_the_twin(smoke_run: Pa
         for c in scenario["contenders"]:
             assert len(c["runs"]) == scenario["repeats"] >= 1
             assert c["runs"][0]["calls"] > 0
+
+
+def test_tiny_calls_say_how_the_default_s_mesh_compares_with_one_made_anew(
+        smoke_run: Path) -> None:
+    results = _load(smoke_run)
+    tiny = _scenario(results, "tiny_noop")
+    ratio = stats.find(tiny["comparisons"]["throughput_per_s"], DEFAULT, FreshMesh.FRESH)
+    assert ratio is not None and ratio.value > 0
+    [row] = [r for r in headline.ray_rows(results)
+             if r["scenario"] == "tiny_noop" and "fresh" in r["title"]]
+    assert row["vs_strongest"]["baseline"] == FreshMesh.FRESH
 
 
 def test_the_aa_control_is_the_default_against_its_twin_in_every_scenario(
@@ -329,6 +340,29 @@ def test_a_contender_that_sat_repeats_out_is_compared_on_the_shared_ones() -> No
                           baselines=["b"], control=None)["p50_ms"]
     r = stats.find(block, "a", "b")
     assert r is not None and r.value == pytest.approx(3.0)
+
+
+def test_where_baselines_play_every_2nd_repeat_the_default_and_its_twin_play_every_one() -> None:
+    names = ["adaptive", "adaptive (A/A)", "random", "pow2", "fresh mesh", "ray-random"]
+    others = ["random", "pow2", "fresh mesh"]
+    played = {name: [] for name in names}
+    for r in range(48):
+        out = runner.sitting_out(names, {"adaptive", "adaptive (A/A)"}, others, r, 48, 2, 2)
+        for name in set(names) - out:
+            played[name].append(r)
+    assert played["adaptive"] == played["adaptive (A/A)"] == list(range(48))
+    assert played["ray-random"] == list(range(0, 48, 2))
+    for name in others:  # every 4th, each on repeats the baselines played, in turns
+        assert len(played[name]) == 12 and set(played[name]) <= set(played["ray-random"])
+    assert played["random"] != played["pow2"]
+
+
+def test_a_contender_sits_no_repeat_out_unless_it_still_plays_two() -> None:
+    names, headline = ["adaptive", "random", "ray-random"], {"adaptive"}
+    assert all(runner.sitting_out(names, headline, ["random"], r, 2, 2, 2) == set()
+               for r in range(2))
+    assert runner.sitting_out(names, headline, ["random"], 1, 4, 2, 2) == {"random",
+                                                                           "ray-random"}
 
 
 def test_a_fraction_with_no_counted_calls_gives_a_finite_ratio() -> None:

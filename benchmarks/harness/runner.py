@@ -4,9 +4,12 @@ Within a repeat every contender plays the same plan (the same send times and ser
 `Scenario.plan`), in an order shuffled per repeat (`turns.order`); before its turn the actors
 work off whatever the last contender left (`cluster.barrier`). The contenders the headline
 needs (the default, its twin and the baselines) play every repeat; the library's other
-policies every `Config.others_every`-th, in turns, which buys the headline its repeats. After
-the repeats, every ratio gets its interval over the repeats both sides played, and the default
-against its twin is the A/A control (`benchmarks.harness.section`).
+policies every `Config.others_every`-th, in turns, which buys the headline its repeats. A
+scenario whose baselines are slow and far from the default (`Scenario.baselines_every`) plays
+them, and the other policies with them, every n-th repeat only: the default and its twin get
+the repeats their A/A control needs at no more time. After the repeats, every ratio gets its
+interval over the repeats both sides played, and the default against its twin is the A/A
+control (`benchmarks.harness.section`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,20 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 
 
+def sitting_out(names: list[str], headline: set[str], others: list[str], repeat: int,
+                repeats: int, every: int, others_every: int) -> set[str]:
+    """Who sits repeat `repeat` out: every contender but the `headline` ones plays every
+    `every`-th repeat, and of those the library's `others` every `others_every`-th again (by
+    their order, so each repeat holds some). A contender sits none out unless it still plays
+    two repeats, so that its ratios get an interval."""
+    out: set[str] = set()
+    if repeats >= 2 * every and repeat % every:
+        out = {name for name in names if name not in headline}
+    if repeats >= 2 * every * others_every:
+        out |= {name for i, name in enumerate(others) if (repeat // every + i) % others_every}
+    return out
+
+
 def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
                  progress: Progress) -> dict[str, Any]:
     """Every contender on every repeat of `scenario`; returns its results section."""
@@ -36,7 +53,8 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
     repeats = scenario.repeats or cfg.repeats
     slowdowns = scenario.slowdowns(cfg.actors)
     contenders = fleet.contenders + ([fleet.fresh] if scenario.fresh else [])
-    others = [c for c in contenders if c.family == "actormesh" and c.name != fleet.default]
+    others = [c.name for c in contenders if c.family == "actormesh" and c.name != fleet.default]
+    headline = {fleet.default, twin_name(fleet.default)}
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
     samples: dict[str, list[stats.RunSample | None]] = {c.name: [] for c in contenders}
     timed = scenario.kind in ("open", "fault")
@@ -48,8 +66,8 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
     try:
         for r in range(repeats):
             planned, durations = scenario.plan(cfg, r, fleet.overhead_s)
-            resting = {c.name for i, c in enumerate(others)
-                       if (r + i) % cfg.others_every} if repeats >= 2 * cfg.others_every else set()
+            resting = sitting_out([c.name for c in contenders], headline, others, r, repeats,
+                                  scenario.baselines_every, cfg.others_every)
             for name in resting:
                 samples[name].append(None)
             playing = [c for c in contenders if c.name not in resting]

@@ -66,12 +66,16 @@ def build(*, name: str, title: str, kind: str, description: str, entrants: Seque
     `random.choice`), reported in a table of its own; `overhead_note` says why there is none.
     """
     present = [e for e in entrants if e.name in samples]
+    baselines = [e.name for e in present if e.family == "baseline"]
     comparisons = stats.compare(
         samples, judged_on,
         contenders=[e.name for e in present if e.family == "actormesh"],
-        baselines=[e.name for e in present if e.family == "baseline"],
+        baselines=baselines,
         control=(default, twin) if default in samples and twin in samples else None,
-        seed=seed(name))
+        seed=seed(name),
+        # a row against a reference that is no baseline (a mesh made anew) gets its ratio too
+        pairs=[(r.contender or default, r.baseline) for r in rows
+               if r.baseline and r.baseline not in baselines])
     contenders = []
     for e in present:
         played = [s.latencies_ms for s in samples[e.name] if s is not None]

@@ -251,8 +251,10 @@ def half_width(r: Ratio | None) -> float:
 
 def compare(samples: Mapping[str, Runs], metrics: Sequence[str], *,
             contenders: Sequence[str], baselines: Sequence[str],
-            control: tuple[str, str] | None, seed: int = 0) -> dict[str, Any]:
-    """Every contender against every baseline, per metric.
+            control: tuple[str, str] | None, seed: int = 0,
+            pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Every contender against every baseline, per metric, and each (contender, reference) of
+    `pairs` (a reference that is no baseline: the default against a mesh made anew).
 
     `samples` holds each contender's runs, repeat by repeat (repeat i of every contender played
     the same plan; None where a contender sat a repeat out). `control` is the A/A pair: one
@@ -273,7 +275,9 @@ def compare(samples: Mapping[str, Runs], metrics: Sequence[str], *,
         present = [b for b in baselines if b in est]
         mine = [c for c in contenders if c in est]
         pair_seed = seed + 7919 * (m + 1)
-        ratios = [r.as_dict() for c in mine for b in present
+        wanted = [(c, b) for c in mine for b in present]
+        wanted += [(c, b) for c, b in pairs if c in est and b in est and (c, b) not in wanted]
+        ratios = [r.as_dict() for c, b in wanted
                   if (r := ratio(metric, c, samples[c], b, samples[b], pair_seed)) is not None]
         ctl = (ratio(metric, control[0], samples[control[0]], control[1], samples[control[1]],
                      pair_seed)

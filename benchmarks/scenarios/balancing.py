@@ -38,6 +38,10 @@ class Scenario:
     kill_at_s: float = 0.0
     measure_s: float = 0.0
     repeats: int = 0
+    # The contenders other than the default and its twin play every n-th repeat only (the
+    # library's other policies `Config.others_every` times less often again): where their turns
+    # are slow and their ratios far from 1, the A/A control gets the repeats (runner.py).
+    baselines_every: int = 1
     metrics: tuple[str, ...] = ()  # judged on these, the first decides; default: by kind
     headline: tuple[Row, ...] = ()  # the rows it gives the headline
     # Why actormesh `random` against `random.choice` does not measure the library's overhead
@@ -145,6 +149,7 @@ def build(cfg: Config) -> list[Scenario]:
         # there, and a mesh made anew before each turn shows what it would do without.
         Scenario("tiny_noop", "Tiny calls: no-op", "throughput", Service("const", 0.0),
                  method="noop", calls=cfg.tiny_calls, repeats=cfg.tiny_repeats,
+                 baselines_every=2,
                  headline=(Row("throughput_per_s"), Row("cpu_us_per_call"),
                            Row("throughput_per_s", baseline=FreshMesh.FRESH)),
                  fresh=True),
