@@ -39,7 +39,8 @@ class Config:
     # read [0.883-1.07] at 5eb995e with 16, and with 24 [0.947-1.13], [0.877-1.00] (a turn's
     # rate strays ~12% whatever the mesh: 2 cores shared with the actors and Ray). So 48, the
     # slow baselines and the other policies playing every 2nd of them (`baselines_every`): as
-    # many of their turns as before, in the same time, the A/A's interval ~1/sqrt(2) as wide.
+    # many of their turns as before, at the cost of 2x24 fast turns of the default and its twin
+    # (and of the fresh mesh, a headline row's reference), the A/A's interval ~1/sqrt(2) as wide.
     tiny_repeats: int = 48
     fault_measure_s: float = 1.5  # with its drain, long enough for Ray to restart the actor
     fault_drain_s: float = 1.5

@@ -524,9 +524,11 @@ class Scheduler:
         if others == 0 or not rate > 0:
             return False
         assert load.ewma_s is not None
-        retest_after = self._stale_after() / (RETEST_SOONER if len(load.latest) < LATEST else 1.0)
+        sooner = RETEST_SOONER if len(load.latest) < LATEST else 1.0
+        retest_after = self._stale_after() / sooner
         passed_over = (self._tasks_sent - load.last_task) / retest_after
-        estimate = min(load.low_s, sum(load.latest) / len(load.latest)) if load.latest else load.low_s
+        estimate = (min(load.low_s, sum(load.latest) / len(load.latest)) if load.latest
+                    else load.low_s)
         time = max(estimate * math.pow(2.0, -passed_over), MIN_TIME)
         wait = (waiting + others) / rate
         bar = self._hold_ratio * others / rate

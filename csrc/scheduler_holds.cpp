@@ -38,15 +38,16 @@ std::optional<uint32_t> Scheduler::free_member(uint32_t group, int64_t exclude,
 // other members are expected to take and finish the call sooner than `actor` would: through
 // the `waiting` calls at their joint rate R, then one of their own service times,
 // W = (waiting + others) / R < the straggler's time.
-// The straggler's time is its estimate slow to rise (`low_s`), or the mean of its latest
-// kLatest samples if that is lower, counted half as much for every kStaleTasksPerActor tasks
+// The straggler's time is its estimate slow to rise (`low_s`), or the mean of its latest (up to
+// kLatest) samples if that is lower, counted half as much for every kStaleTasksPerActor tasks
 // per actor the mesh was sent since the straggler's last: one passed over is tried again now
 // and then (sooner when the wait it spares is long), and being stale its next sample replaces
 // its estimate, so a straggler that has recovered is seen at once. A judgement that rests on
 // fewer than kLatest samples (a new actor's first call, a stale one's) is tried kRetestSooner
-// times as often: one long call of a heavy tail (a call of 8x the mean, once in 3,000 of an
-// exponential) sets a first estimate outright, and must not pass a healthy actor over for
-// thousands of tasks; the mean of its next calls clears it.
+// times as often: a first sample sets the estimate outright, and a healthy actor's long call
+// (5x the mean or more, once in 150 calls of an exponential) must not pass it over for
+// thousands of tasks; the mean of its next calls usually clears it. A true straggler pays 2
+// calls more each time it goes stale.
 // Its time rises slowly (a heavy tail's long calls must not make an actor look slow), so an
 // actor that has just become a straggler would take a dozen calls to cross that bar, and then
 // sit at it, let through whenever the bar moves. It is a straggler as well while each of its

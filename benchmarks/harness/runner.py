@@ -6,8 +6,9 @@ work off whatever the last contender left (`cluster.barrier`). The contenders th
 needs (the default, its twin and the baselines) play every repeat; the library's other
 policies every `Config.others_every`-th, in turns, which buys the headline its repeats. A
 scenario whose baselines are slow and far from the default (`Scenario.baselines_every`) plays
-them, and the other policies with them, every n-th repeat only: the default and its twin get
-the repeats their A/A control needs at no more time. After the repeats, every ratio gets its
+them, and the other policies with them, every n-th repeat only: the default, its twin and the
+references of its headline rows (a mesh made anew) get the repeats their A/A control needs,
+for a few fast turns more. After the repeats, every ratio gets its
 interval over the repeats both sides played, and the default against its twin is the A/A
 control (`benchmarks.harness.section`).
 """
@@ -34,15 +35,16 @@ Progress = Callable[[str], None]
 
 def sitting_out(names: list[str], headline: set[str], others: list[str], repeat: int,
                 repeats: int, every: int, others_every: int) -> set[str]:
-    """Who sits repeat `repeat` out: every contender but the `headline` ones plays every
-    `every`-th repeat, and of those the library's `others` every `others_every`-th again (by
-    their order, so each repeat holds some). A contender sits none out unless it still plays
-    two repeats, so that its ratios get an interval."""
+    """Who sits repeat `repeat` out: every contender but the `headline` ones (which play every
+    repeat) plays every `every`-th repeat, and the library's `others` every `others_every`-th of
+    those again (by their order, so each repeat holds some). A contender sits none out unless
+    it still plays two repeats, so that its ratios get an interval."""
     out: set[str] = set()
     if repeats >= 2 * every and repeat % every:
         out = {name for name in names if name not in headline}
     if repeats >= 2 * every * others_every:
-        out |= {name for i, name in enumerate(others) if (repeat // every + i) % others_every}
+        out |= {name for i, name in enumerate(others)
+                if name not in headline and (repeat // every + i) % others_every}
     return out
 
 
@@ -54,7 +56,8 @@ def run_scenario(fleet: Fleet, cfg: Config, scenario: Scenario,
     slowdowns = scenario.slowdowns(cfg.actors)
     contenders = fleet.contenders + ([fleet.fresh] if scenario.fresh else [])
     others = [c.name for c in contenders if c.family == "actormesh" and c.name != fleet.default]
-    headline = {fleet.default, twin_name(fleet.default)}
+    headline = {fleet.default, twin_name(fleet.default),
+                *(row.baseline for row in scenario.headline if row.baseline in others)}
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
     samples: dict[str, list[stats.RunSample | None]] = {c.name: [] for c in contenders}
     timed = scenario.kind in ("open", "fault")
