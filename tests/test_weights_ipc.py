@@ -209,7 +209,7 @@ def test_a_bucket_a_receiver_still_holds_is_never_written_over() -> None:
 
 def test_files_a_send_lets_go_of_close_off_its_thread_and_release_waits_for_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Closing a file frees its memory, tens of ms per hundred MiB: the files a send lets go of
+    """Closing a file frees its memory, ~10 ms per hundred MiB: the files a send lets go of
     (written neither by it nor by the send before) close on a thread of their own, and
     `release_files` / `close` waits for them."""
     kept = _shared.Files()
@@ -229,13 +229,13 @@ def test_files_a_send_lets_go_of_close_off_its_thread_and_release_waits_for_them
         close(file)
 
     monkeypatch.setattr(_shared._File, "close", slow_close)
-    kept.settle()  # returns while the file it let go of is still being closed
-    assert closing.wait(10) and len(kept) == 0
-    assert os.fstat(first.fd)  # not closed yet
-    release.set()
+    try:
+        kept.settle()  # returns while the file it let go of is still being closed
+        assert closing.wait(10) and len(kept) == 0
+        assert os.fstat(first.fd).st_ino == first.inode  # not closed yet
+    finally:
+        release.set()
     kept.close()
-    with pytest.raises(OSError):
-        os.fstat(first.fd)
     del first
     gc.collect()
     assert shared_here() == 0

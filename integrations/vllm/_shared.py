@@ -250,9 +250,8 @@ class Files:
 
     def settle(self) -> None:
         """Let go of the files that neither this send nor the one before wrote, off the caller's
-        thread: unmapping and freeing them takes the kernel tens of milliseconds per hundred
-        MiB (26 ms for a 200 MiB send's, measured on an H200's host: the second CUDA send
-        after a send of CPU tensors waited that long for it), which the send would wait for."""
+        thread: the kernel takes about ten milliseconds per hundred MiB to unmap and free them,
+        which the send would otherwise wait for."""
         with self._lock:
             old = [f for f in self._files if f.send < self._send - 1]
             self._files = [f for f in self._files if f.send >= self._send - 1]
@@ -261,10 +260,10 @@ class Files:
             closer = threading.Thread(target=_close_all, args=(old,), daemon=True,
                                       name="actormesh-weights-files")
             self._closing = [t for t in self._closing if t.is_alive()] + [closer]
-        closer.start()
+            closer.start()  # under the lock: `close` never finds it unstarted
 
     def close(self) -> None:
-        """Let go of every file, those still being let go of included (waited for)."""
+        """Let go of every file, and wait (up to _CLOSE_TIMEOUT_S) for those being let go of."""
         with self._lock:
             files, self._files = self._files, []
             closing, self._closing = self._closing, []
@@ -280,8 +279,8 @@ _files_lock = threading.Lock()
 _files: dict[str, Files] = {}
 
 
-# How long `Files.close` waits for files let go of earlier to be closed (a close that takes
-# longer than this is the kernel's, and the files go with the process anyway).
+# How long `Files.close` waits for files let go of earlier to be closed: a closer stuck this
+# long is not waited for; its files go with the process.
 _CLOSE_TIMEOUT_S = 60.0
 
 
