@@ -50,7 +50,8 @@ bool Scheduler::not_slower(const Group& group, uint32_t actor) const {
 }
 
 // The expected duration a task opened from `group`'s queue on `actor` (of known speed: see
-// add_mates) may carry, and the calls it takes even beyond it. Normally batch_budget_s, and no minimum. Under a backlog of `group`
+// add_mates) may carry, and the calls it takes even beyond it. Normally batch_budget_s, and no
+// minimum. Under a backlog of `group`
 // (its first call included), with an actor not slower than the others, the budget grows with the
 // backlog's depth, up to kBacklogBudgets times, and a task takes at least two calls: a method's
 // estimate is measured on the driver and includes the round trip of each task, so once calls

@@ -30,9 +30,9 @@ maps it, and the sender writes only over a file no one holds: the buckets the po
 (the weights it restores a restarted engine with), or any an engine still holds, are never
 written over; the sender takes a file no one holds, or makes one. It keeps the files of its
 last two sends (so twice the bytes it sends: the port holds one send's, the next send writes
-the other's), until `release_files` (`WeightSender.close`) or its process ends; older ones are
-closed on a thread of their own, since freeing them is not the send's to wait for. Nothing is ever
-named in /dev/shm: the memory goes with its last descriptor and mapping, so a sender or a
+the other's), until `release_files` (`WeightSender.close`) or its process ends; older ones
+are closed on a thread of their own, since freeing them is not the send's to wait for. Nothing
+is ever named in /dev/shm: the memory goes with its last descriptor and mapping, so a sender or a
 receiver that dies leaves nothing behind.
 
 CUDA blobs go through two slots, CUDA buffers the sender allocates once per send and writes in
