@@ -347,12 +347,20 @@ def stream_refs(generator: Any, count: int) -> list[Any]:
     return refs
 
 
-# Ray options of an actor method (set with `@ray.method(...)`) under which a call must be the
-# method's own Ray task: Ray retries, streams or splits what that task returns.
+# Ray options of an actor method (set with `@ray.method(...)`, or for every method with the
+# actor's own `max_task_retries`) under which a call must be the method's own Ray task: Ray
+# retries, streams or splits what that task returns.
 def methods_with_options(handle: Any) -> set[str]:
     """The methods of the actor behind `handle` whose Ray options a task of several calls would
-    drop: retries, exceptions retried, several or streamed returns."""
+    drop: retries (the method's, or the actor's default for its methods), exceptions retried,
+    several or streamed returns."""
     alone: set[str] = set()
+    actor_retries = getattr(handle, "_ray_max_task_retries", 0)
+    if actor_retries:  # every method retries unless its own option says otherwise
+        own = getattr(handle, "_ray_method_max_task_retries", None)
+        own = own if isinstance(own, dict) else {}
+        alone.update(name for name in method_names(handle)
+                     if own.get(name, actor_retries) not in (None, 0))
     for table, default in (("_ray_method_max_task_retries", (None, 0)),
                            ("_ray_method_retry_exceptions", (None, False)),
                            ("_ray_method_num_returns", (None, 1)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
@@ -39,6 +40,11 @@ class Counter:
     def add(self, x: int) -> None:
         self.seen.append(x)
 
+    def add_counted(self, x: int) -> int:
+        """Record `x`; how many times it has been recorded."""
+        self.seen.append(x)
+        return self.seen.count(x)
+
     def executions(self) -> list[int]:
         return sorted(self.seen)
 
@@ -63,6 +69,43 @@ class Bounded:
 
     def peak_seen(self) -> int:
         return self.peak
+
+
+@ray.remote(num_cpus=0.1, max_restarts=1, max_task_retries=1)
+class Restarting:
+    """A synchronous actor made elsewhere whose calls Ray retries once it has restarted (the
+    actor's own `max_task_retries`, the default of each of its methods)."""
+
+    def block(self, sig: Any) -> None:
+        ray.get(sig.wait.remote())
+
+    def logged(self, x: int, counter: Any, crash: int) -> int:
+        """Record `x`; the process dies the first time it is given `crash`."""
+        if ray.get(counter.add_counted.remote(x)) == 1 and x == crash:
+            os._exit(1)
+        return x
+
+
+@ray.remote(num_cpus=0.1)
+class Flaky:
+    """A synchronous actor made elsewhere with a method Ray retries when it raises."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[int, int] = {}
+
+    def block(self, sig: Any) -> None:
+        ray.get(sig.wait.remote())
+
+    @ray.method(max_task_retries=1, retry_exceptions=[ConnectionError])
+    def flaky(self, x: int) -> int:
+        """Raise on the first attempt for `x`, return it on the second."""
+        self.attempts[x] = self.attempts.get(x, 0) + 1
+        if self.attempts[x] == 1:
+            raise ConnectionError(f"{x}: a transient failure")
+        return x
+
+    def attempts_made(self) -> dict[int, int]:
+        return self.attempts
 
 
 @ray.remote(num_cpus=0.1, concurrency_groups={"io": 1})

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import ray
-from contract_workers import Bounded, Counter, Gated, Grouped, Logged, Peaked
+from contract_workers import Bounded, Counter, Flaky, Gated, Grouped, Logged, Peaked, Restarting
 from workers import signal, wait_until, waiters
 
 import actormesh as am
@@ -122,6 +122,52 @@ def test_a_method_in_a_concurrency_group_runs_in_its_group_when_calls_wait(
         done = am.get(futures, timeout=60)
         assert [value.split(":")[0] for value in done] == ["0", "1", "2"]
         assert all(value.split(":")[1] != default_thread for value in done)  # in the io group
+    finally:
+        mesh.shutdown()
+        ray.kill(actor)
+
+
+def test_ray_task_retries_of_an_actor_made_elsewhere_hold_for_calls_that_wait(
+    ray_cluster: None,
+) -> None:
+    """An actor made with Ray's `max_task_retries`: Ray runs again the call its process died
+    in, and only that one, once the actor is back. Calls that waited behind a busy actor get
+    the same, each its own Ray task (a task of several would fail or run again as a whole)."""
+    actor = Restarting.remote()
+    mesh = am.ActorMesh.from_actors([actor], balancer=ONE_TASK)
+    try:
+        counter = Counter.remote()
+        for _ in range(2):  # the method measured: its calls would ride one short task
+            mesh.methods.logged.choose(-1, counter, 3).get(timeout=60)
+        sig = signal()
+        blocked = mesh.methods.block.choose(sig)
+        waiters(sig, 1)
+        futures = [mesh.methods.logged.choose(x, counter, 3) for x in range(4)]  # 3 kills it
+        sig.send.remote()
+        blocked.get(timeout=60)
+        assert am.get(futures, timeout=60) == [0, 1, 2, 3]
+        assert [x for x in ray.get(counter.executions.remote()) if x >= 0] == [0, 1, 2, 3, 3]
+        assert len({id(f._calls[0].task) for f in futures}) == 4  # each went alone
+    finally:
+        mesh.shutdown()
+        ray.kill(actor)
+
+
+def test_a_method_with_ray_retry_options_keeps_them_when_calls_wait(ray_cluster: None) -> None:
+    actor = Flaky.remote()
+    mesh = am.ActorMesh.from_actors([actor], balancer=ONE_TASK)
+    try:
+        for x in (100, 101):  # the method measured
+            assert mesh.methods.flaky.choose(x).get(timeout=60) == x
+        sig = signal()
+        blocked = mesh.methods.block.choose(sig)
+        waiters(sig, 1)
+        futures = [mesh.methods.flaky.choose(x) for x in range(3)]
+        sig.send.remote()
+        blocked.get(timeout=60)
+        assert am.get(futures, timeout=60) == [0, 1, 2]  # each raised once, and Ray retried it
+        attempts = ray.get(actor.attempts_made.remote(), timeout=60)
+        assert [attempts[x] for x in range(3)] == [2, 2, 2]
     finally:
         mesh.shutdown()
         ray.kill(actor)

@@ -65,8 +65,9 @@ GCS_CLIENT = ("address", "async_get_all_actor_info")
 SUBSCRIBER = ("subscribe", "poll")
 OBJECT_REF = ("_on_ready", "_on_completed")
 HANDLE = ("_actor_id", "_ray_method_signatures", "_ray_actor_creation_function_descriptor",
-          "_ray_allow_out_of_order_execution", "_ray_method_max_task_retries",
-          "_ray_method_retry_exceptions", "_ray_method_num_returns", "_ray_method_is_generator",
+          "_ray_allow_out_of_order_execution", "_ray_max_task_retries",
+          "_ray_method_max_task_retries", "_ray_method_retry_exceptions",
+          "_ray_method_num_returns", "_ray_method_is_generator",
           "__ray_call__", "__ray_ready__")
 ACTOR_METHOD = ("_remote",)  # handle.__ray_call__._remote(...), for a task's options
 METHOD_FUNCTION = ("__ray_concurrency_group__",)  # set by @ray.method(concurrency_group=...)
