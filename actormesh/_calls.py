@@ -395,8 +395,9 @@ def _failed(error: BaseException) -> int:
         return _ray.UNAVAILABLE
     if isinstance(error, (rx.RayActorError, rx.WorkerCrashedError, rx.NodeDiedError)):
         return _ray.DIED
-    if isinstance(error, rx.TaskCancelledError):
-        return _ray.CANCELLED
+    if isinstance(error, rx.TaskCancelledError) or (
+            isinstance(error, rx.RayTaskError) and isinstance(error.cause, rx.TaskCancelledError)):
+        return _ray.CANCELLED  # a streamed task Ray cancelled ends with it as the cause
     return _ray.FAILED
 
 

@@ -229,6 +229,30 @@ def test_cancelling_the_task_that_awaits_a_call_cancels_the_call_in_its_actor(
         assert mesh.load() == [0]
 
 
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+def test_calls_cancelled_or_timed_out_on_an_asyncio_mesh_actor_never_eject_it(
+    ray_cluster: None, how: str,
+) -> None:
+    """A cancel is the caller's doing, not a failure of the actor: six in a row (five failures
+    in a row eject an actor) leave it in the mesh, and each is counted as what it was."""
+    with am.ActorMesh(Gated, shape=2, num_cpus=0.1) as mesh:
+        for _ in range(2):
+            mesh.methods.cancelled_calls.all().get(timeout=60)
+        for _ in range(6):
+            never = signal()
+            gate = mesh[0].methods.gate
+            call = gate.choose(never) if how == "cancel" else \
+                gate.options(timeout=0.5).choose(never)
+            waiters(never, 1)
+            if how == "cancel":
+                call.cancel()
+            wait_until(lambda: mesh.load()[0] == 0)
+        assert not any(actor.ejected for actor in mesh.load().actors)
+        assert mesh.stats()["calls"]["gate"]["cancelled" if how == "cancel" else "timeout"] == 6
+        assert mesh.stats()["calls"]["gate"]["error"] == 0
+        wait_until(lambda: mesh[0].methods.cancelled_calls.choose().get(timeout=60) == 6)
+
+
 def test_the_mesh_counts_each_call_and_each_task_in_its_stats(
     pair: am.ActorMesh[Logged],
 ) -> None:
