@@ -60,8 +60,13 @@ STREAM_ABOVE_S = 0.05
 # which tasks carry several calls and the method's time per call can be measured again (a
 # window sized from an estimate inflated by lone round trips would keep every call alone).
 MIN_WINDOW_BATCH = 8
-# An outcome of a call the actor did not start (`_runner.Skipped`): it goes again, alone.
+# An outcome of a call the actor did not start (`_runner.Skipped`): it goes again, alone, and so
+# do the method's later calls.
 SKIPPED = -1
+# An outcome of every call of a task that never ran them (its arguments could not be loaded in
+# the actor): each goes again alone, where it gets what it would have got alone.
+RESEND = -2
+_NOT_RUN = (SKIPPED, RESEND)
 _LOST = (_ray.DIED, _ray.UNAVAILABLE)
 
 
@@ -322,7 +327,7 @@ class Task:
         if not self.claim():
             return
         if isinstance(envelope, BaseException):
-            self.router.end(self, [_failed(envelope)] * len(self.calls), envelope)
+            self.router.end(self, [_failed(envelope, ran=False)] * len(self.calls), envelope)
         else:
             self.busy_s, self.results = envelope
             self.router.end(self, [_packed_outcome(p) for p in self.results], None)
@@ -348,7 +353,8 @@ class Task:
         if self._waiting or not self.claim():
             return
         error = self.error
-        unfinished = _ray.FAILED if error is None else _failed(error)
+        reported = any(p is not None for p in self.results)
+        unfinished = _ray.FAILED if error is None else _failed(error, ran=reported)
         outcomes = [unfinished if p is None else _packed_outcome(p) for p in self.results]
         self.router.end(self, outcomes, error)
 
@@ -387,8 +393,9 @@ class Task:
         return put
 
 
-def _failed(error: BaseException) -> int:
-    """The outcome of every call of a task that ended with `error`."""
+def _failed(error: BaseException, *, ran: bool = True) -> int:
+    """The outcome of every call of a task that ended with `error` (`ran`: some call of it may
+    have run)."""
     from ray import exceptions as rx
 
     if isinstance(error, rx.ActorUnavailableError):
@@ -398,6 +405,10 @@ def _failed(error: BaseException) -> int:
     if isinstance(error, rx.TaskCancelledError) or (
             isinstance(error, rx.RayTaskError) and isinstance(error.cause, rx.TaskCancelledError)):
         return _ray.CANCELLED  # a streamed task Ray cancelled ends with it as the cause
+    if isinstance(error, rx.RayTaskError) and not ran:
+        # The runner never raises (`_runner`): the task failed before it ran a call, as when
+        # an argument of one call cannot be loaded in the actor. Alone, only that call fails.
+        return RESEND
     return _ray.FAILED
 
 
@@ -775,11 +786,11 @@ class Router:
             lost = any(o in _LOST for o in outcomes)
             if lost:  # before the slots are freed: no queued call may follow these there
                 self.failures.lost(actor, task.epoch)
-            if all(o == _ray.CANCELLED for o in outcomes):  # we cancelled it: no sample
+            if all(o == _ray.CANCELLED or o == RESEND for o in outcomes):  # no sample
                 drained = self.scheduler.release(actor, self._drain_inline, len(calls), True)
             else:
-                ran = sum(o != SKIPPED for o in outcomes)
-                failed = sum(o != _ray.OK and o != SKIPPED for o in outcomes)
+                ran = sum(o not in _NOT_RUN for o in outcomes)
+                failed = sum(o != _ray.OK and o not in _NOT_RUN for o in outcomes)
                 drained = self.scheduler.complete(
                     actor, task.started, ended, failed=failed, drain=self._drain_inline,
                     calls=len(calls), method=_method_of(calls), timed=timed and ran > 0,
@@ -791,7 +802,7 @@ class Router:
                 call.outcome = outcome
                 settled_before = call.future.done()  # cancelled or timed out while it ran
                 self._settle(call, outcome, task, index, error)
-                if metrics is not None and outcome != SKIPPED:
+                if metrics is not None and outcome not in _NOT_RUN:
                     counted.append((call.method, _outcome_name(call, outcome, settled_before)))
                 if call.future.done() and call.hedge is None:
                     call.args, call.kwargs = (), _NO_KWARGS
@@ -807,8 +818,9 @@ class Router:
         """Settle one call of an ended task: its value or its error, unless it goes again (it
         never started, or its actor was lost and it has retries), or a hedged copy still runs
         that may do better (the first copy to end with a value wins; see `_hedge`)."""
-        if outcome == SKIPPED:  # never started: it goes alone, as Ray would run it
-            self._alone.add(call.method)
+        if outcome in _NOT_RUN:  # never started: it goes alone, as Ray would run it
+            if outcome == SKIPPED:
+                self._alone.add(call.method)
             call.rides = False
             _loop.post(self._retry, call)
             return

@@ -129,15 +129,32 @@ def _skip(instance: Any, name: str) -> Skipped | None:
     return None
 
 
+# What a call may raise that is not its own error: Ray's cancel of a synchronous task
+# (KeyboardInterrupt in its thread) and an exit of the actor (`sys.exit`, `ray.actor.exit_actor`)
+# stop the task as they would stop the call alone. Anything else a call raises, a
+# `BaseException` of the user's own included, is that call's error only.
+_STOPS_THE_TASK = (KeyboardInterrupt, SystemExit)
+
+
 def _run_one(instance: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Packed:
     skipped = _skip(instance, name)
     if skipped is not None:
         return skipped
     try:
         value = getattr(instance, name)(*args, **kwargs)
-    except Exception as err:  # noqa: BLE001 - the call's own error, kept for its caller
+    except _STOPS_THE_TASK:
+        raise
+    except BaseException as err:  # noqa: BLE001 - the call's own error, kept for its caller
         return _packed_error(instance, name, err)
     return _packed_value(instance, name, value)
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether the running asyncio task is being cancelled (the task's cancel reaching its
+    calls), rather than a call raising `CancelledError` of its own."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
+    return task is None or cancelling is None or cancelling() > 0
 
 
 async def _await_one(instance: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -150,7 +167,13 @@ async def _await_one(instance: Any, name: str, args: tuple[Any, ...], kwargs: di
             value = getattr(instance, name)(*args, **kwargs)
             if inspect.isawaitable(value):
                 value = await value
-        except Exception as err:  # noqa: BLE001 - the call's own error, kept for its caller
+        except asyncio.CancelledError as err:
+            if _cancelled_from_outside():
+                raise
+            return _packed_error(instance, name, err)
+        except _STOPS_THE_TASK:
+            raise
+        except BaseException as err:  # noqa: BLE001 - the call's own error, kept for its caller
             return _packed_error(instance, name, err)
     return _packed_value(instance, name, value)
 

@@ -12,6 +12,24 @@ import ray
 import actormesh as am
 
 
+class Abort(BaseException):
+    """An exception of the user's own that is no `Exception`."""
+
+
+def _never_loads(payload: int) -> Any:
+    raise ValueError(f"argument {payload} cannot be loaded here")
+
+
+class LoadsNowhere:
+    """An argument that pickles on the driver but cannot be unpickled (in the actor)."""
+
+    def __init__(self, payload: int) -> None:
+        self.payload = payload
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return _never_loads, (self.payload,)
+
+
 class Logged:
     """Records every execution in a counter actor, so a test sees what ran and how often."""
 
@@ -29,6 +47,12 @@ class Logged:
     def value(self, x: int) -> Any:
         if x < 0:
             return threading.Lock()  # a value no pickle takes
+        return x
+
+    @am.method
+    def aborting(self, x: int) -> int:
+        if x < 0:
+            raise Abort(f"abort {x}")
         return x
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import ray
-from contract_workers import Bounded, Counter, Flaky, Gated, Grouped, Logged, Peaked, Restarting
+from contract_workers import (Bounded, Counter, Flaky, Gated, Grouped, Logged, LoadsNowhere,
+                              Peaked, Restarting)
 from workers import signal, wait_until, waiters
 
 import actormesh as am
@@ -24,8 +25,8 @@ def pair(ray_cluster: None) -> Iterator[am.ActorMesh[Logged]]:
     with am.ActorMesh(Logged, shape=2, num_cpus=0.1, balancer=ONE_TASK) as mesh:
         counter = Counter.remote()
         for _ in range(2):  # every method measured (an actor's first call measures nothing)
-            am.get([mesh.methods.logged.all(-1, counter), mesh.methods.value.all(0)],
-                   timeout=60)
+            am.get([mesh.methods.logged.all(-1, counter), mesh.methods.value.all(0),
+                    mesh.methods.aborting.all(0)], timeout=60)
         yield mesh
 
 
@@ -71,6 +72,45 @@ def test_a_value_that_cannot_be_pickled_fails_its_own_call_only(
     with pytest.raises(am.ActorError, match="cannot be serialized"):
         futures[1].get(timeout=60)
     assert len({id(f._calls[0].task) for f in futures}) == 1  # they rode one task
+
+
+def test_a_base_exception_of_the_users_own_fails_its_own_call_only(
+    pair: am.ActorMesh[Logged],
+) -> None:
+    one = pair[0]
+    sig = signal()
+    blocked = one.methods.block.choose(sig)
+    waiters(sig, 1)
+    futures = [one.methods.aborting.choose(x) for x in (1, 2, -1, 4)]
+    sig.send.remote()
+    blocked.get(timeout=60)
+    assert [futures[i].get(timeout=60) for i in (0, 1, 3)] == [1, 2, 4]
+    with pytest.raises(am.ActorError, match="Abort: abort -1"):
+        futures[2].get(timeout=60)
+    assert len({id(f._calls[0].task) for f in futures}) == 1  # they rode one task
+    assert not any(actor.ejected for actor in pair.load().actors)
+
+
+def test_an_argument_the_actor_cannot_load_fails_its_own_call_only(
+    pair: am.ActorMesh[Logged],
+) -> None:
+    """The calls of a task travel as one argument: when the actor cannot load it, no call has
+    run, and each goes again alone, where it gets what it would have got alone."""
+    one = pair[0]
+    bad: Any = LoadsNowhere(7)
+    with pytest.raises(am.MeshError) as alone:
+        one.methods.value.choose(bad).get(timeout=60)
+    sig = signal()
+    blocked = one.methods.block.choose(sig)
+    waiters(sig, 1)
+    futures = [one.methods.value.choose(x) for x in (1, bad, 3, 4)]
+    sig.send.remote()
+    blocked.get(timeout=60)
+    assert [futures[i].get(timeout=60) for i in (0, 2, 3)] == [1, 3, 4]
+    with pytest.raises(type(alone.value), match="cannot be loaded"):
+        futures[1].get(timeout=60)
+    assert not any(actor.ejected for actor in pair.load().actors)
+    assert pair.load() == [0, 0]
 
 
 def test_an_asyncio_actor_made_elsewhere_keeps_its_max_concurrency(ray_cluster: None) -> None:
