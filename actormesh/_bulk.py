@@ -20,7 +20,7 @@ from ray import ObjectRef
 from ray.exceptions import GetTimeoutError, RayError
 
 from . import _ray
-from ._calls import LONE, Result, Task
+from ._calls import Result, Task
 from ._errors import ray_failure
 from ._future import MeshFuture
 
@@ -124,7 +124,7 @@ def _read_together(futures: list[MeshFuture[Any]], deadline: float | None) -> bo
         # A lone call already sent is read as soon as its value exists (see `_calls.read_sent`);
         # any other waits for its end, which may be a failure, a retry, its own timeout or (a
         # hedged call) the end of its other copy.
-        if task is None or task.wire != LONE or task.ref is None or call.fn is not None \
+        if task is None or not task.value_in_ref() or call.fn is not None \
                 or call.deadline is not None or call.hedge is not None:
             if not future._future.wait(_left(deadline)):
                 return False

@@ -32,7 +32,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import ray
-from ray import ObjectRef
+from ray import ObjectRef, ObjectRefGenerator
 from ray.cloudpickle import cloudpickle as _cloudpickle
 from ray.exceptions import RayError
 
@@ -310,6 +310,11 @@ class Task:
     def ended(self) -> bool:
         return not self._claims
 
+    def value_in_ref(self) -> bool:
+        """Whether the value of its (one) call is its `ref`'s: a lone Ray call of one return
+        (not several returns, nor a generator's)."""
+        return self.wire == LONE and self.ref is not None and self.out is self.ref
+
     # -- Ray's completion thread: short, never waits, never runs user code ----------------------
     def _ready(self, error: BaseException | None) -> None:
         """LONE: the call's object exists (`error`: it never will)."""
@@ -364,7 +369,7 @@ class Task:
         call_error: BaseException | None
         if self.wire == LONE:
             try:
-                return _ray.get(self.out)
+                return _lone_value(self.out)
             except RayError as err:
                 call_error = err
         else:
@@ -382,9 +387,17 @@ class Task:
 
     def own_ref(self, index: int) -> ray.ObjectRef[Any]:
         """An ObjectRef of call `index`'s own value: the Ray call's, or one put for it (once)."""
-        if self.wire == LONE:
+        if self.value_in_ref():
             ref: ray.ObjectRef[Any] = self.ref
             return ref
+        if self.wire == LONE:  # several returns, or a generator's: their values, put as one
+            if not self.results:
+                try:
+                    value: Any = _lone_value(self.out)
+                except RayError as err:
+                    value = err
+                self.results = [ray.put(value)]
+            return self.results[0]  # type: ignore[no-any-return]
         put = self.results[index]
         if not isinstance(put, ObjectRef):
             value, error = _runner.unpack(put)
@@ -447,8 +460,7 @@ def own_ref(call: Call) -> ray.ObjectRef[Any] | None:
     any other (waiting for a slot, hedged, or riding a task with others) once it has ended
     (waited for). None if it never ran (it failed first)."""
     task = call.task
-    if task is not None and task.wire == LONE and task.ref is not None and call.hedge is None \
-            and call.fn is None:
+    if task is not None and task.value_in_ref() and call.hedge is None and call.fn is None:
         ref: ray.ObjectRef[Any] = task.ref
         return ref
     call.future.wait()
@@ -473,8 +485,7 @@ def read_sent(call: Call, timeout: float | None) -> Any:
     hedged call, whose other copy may end first. The caller then waits for the future.
     """
     task = call.task
-    if task is None or task.wire != LONE or call.fn is not None or call.hedge is not None \
-            or task.ref is None:
+    if task is None or not task.value_in_ref() or call.fn is not None or call.hedge is not None:
         return NOT_READ
     ref = task.ref
     if call.deadline is not None:
@@ -642,7 +653,11 @@ class Router:
                 remote = self._remote.get((actor, call.method))
                 if remote is None:
                     remote = self._remote[(actor, call.method)] = getattr(handle, call.method)
-                task.out = task.ref = remote.remote(*call.args, **call.kwargs)
+                task.out = remote.remote(*call.args, **call.kwargs)
+                # Several returns, or a generator's (the method's Ray options): ended with
+                # the task's first return, or the generator's end.
+                task.ref = _first_ref(task.out, call.method) \
+                    if isinstance(task.out, (list, ObjectRefGenerator)) else task.out
             else:
                 task.out = call.fn(handle, *call.args)
                 task.ref = _first_ref(task.out, call.method)
@@ -898,7 +913,8 @@ class Router:
                    for c in task.calls):
             return
         try:
-            ray.cancel(task.out if task.wire == STREAM else task.ref)
+            streamed = task.wire == STREAM or isinstance(task.out, ObjectRefGenerator)
+            ray.cancel(task.out if streamed else task.ref)
         except Exception as err:  # noqa: BLE001 - Ray is shutting down, or the task is gone
             log.debug("actormesh: cancelling a task of %s failed: %s", _task_name(task.calls),
                       err)
@@ -978,7 +994,21 @@ def _serialisable(call: Call) -> bool:
     return True
 
 
+def _lone_value(out: Any) -> Any:
+    """The value of a Ray call made alone: its return; a tuple of a method's several returns;
+    an iterator over a generator's values (all read: the call has ended)."""
+    if isinstance(out, list):
+        return tuple(_ray.get(out))
+    if isinstance(out, ObjectRefGenerator):
+        return iter([_ray.get(ref) for ref in out])
+    return _ray.get(out)
+
+
 def _first_ref(out: Any, what: str) -> ray.ObjectRef[Any]:
+    """The ref whose end is the end of a Ray call that returned `out`."""
+    if isinstance(out, ObjectRefGenerator):
+        completed: ray.ObjectRef[Any] = out.completed()
+        return completed
     refs = out if isinstance(out, list) else [out]
     if not refs or not all(isinstance(r, ray.ObjectRef) for r in refs):
         raise TypeError(f"{what} returned {out!r}: it must return the ObjectRef of the Ray call "

@@ -314,7 +314,7 @@ def _values(calls: Sequence[Call], errors_as_values: bool) -> list[Any]:
     """Every call's value in order, the successful ones in one read; a failed call's error
     raises, or (`errors_as_values`) stands in its place."""
     good = [c for c in calls if c.future.exception() is None and c.outcome == _ray.OK
-            and c.future.result()[0].wire == _calls.LONE and c.fn is None]
+            and c.future.result()[0].value_in_ref() and c.fn is None]
     values: dict[int, Any] = {}
     if good:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -130,6 +131,36 @@ class Flaky:
 
     def attempts_made(self) -> dict[int, int]:
         return self.attempts
+
+
+@ray.remote(num_cpus=0.1)
+class Returns:
+    """An actor made elsewhere whose methods return as Ray lets them: a generator, two returns."""
+
+    def block(self, sig: Any) -> None:
+        ray.get(sig.wait.remote())
+
+    def counted(self, n: int) -> Iterator[int]:
+        for i in range(n):  # Ray's generators take no `yield from` of a plain iterator
+            yield i
+
+    def held(self, sig: Any) -> Iterator[int]:
+        yield 1
+        ray.get(sig.wait.remote())
+        yield 2
+
+    @ray.method(num_returns=2)
+    def pair(self, x: int) -> tuple[int, int]:
+        return x, -x
+
+
+class Yields:
+    """A mesh actor with a generator method."""
+
+    @am.method
+    def counted(self, n: int) -> Iterator[int]:
+        for i in range(n):  # Ray's generators take no `yield from` of a plain iterator
+            yield i
 
 
 @ray.remote(num_cpus=0.1, concurrency_groups={"io": 1})

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import ray
 from contract_workers import (Bounded, Counter, Flaky, Gated, Grouped, Logged, LoadsNowhere,
-                              Peaked, Restarting)
+                              Peaked, Restarting, Returns, Yields)
 from workers import signal, wait_until, waiters
 
 import actormesh as am
@@ -211,6 +211,41 @@ def test_a_method_with_ray_retry_options_keeps_them_when_calls_wait(ray_cluster:
     finally:
         mesh.shutdown()
         ray.kill(actor)
+
+
+def test_generators_and_methods_of_several_returns_give_their_values_and_hold_their_slot(
+    ray_cluster: None,
+) -> None:
+    """A method Ray runs as a generator, or with `num_returns=2`, goes alone (its own Ray call):
+    `get()` gives an iterator over the values it yielded, or the tuple of its returns, alone
+    or after waiting for a slot; its slot is held until the Ray call ends."""
+    actor = Returns.remote()
+    mesh = am.ActorMesh.from_actors([actor], balancer=ONE_TASK, max_in_flight=1)
+    try:
+        assert list(mesh.methods.counted.choose(3).get(timeout=60)) == [0, 1, 2]
+        assert mesh.methods.pair.choose(5).get(timeout=60) == (5, -5)
+        sig = signal()
+        running = mesh.methods.held.choose(sig)
+        waiters(sig, 1)
+        assert mesh.load() == [1]  # running: its slot held
+        waiting = [mesh.methods.counted.choose(2), mesh.methods.pair.choose(6)]
+        sig.send.remote()
+        assert list(running.get(timeout=60)) == [1, 2]
+        assert list(waiting[0].get(timeout=60)) == [0, 1]
+        assert waiting[1].get(timeout=60) == (6, -6)
+        assert mesh.load() == [0]
+    finally:
+        mesh.shutdown()
+        ray.kill(actor)
+
+
+def test_a_generator_method_of_a_mesh_class_gives_its_values_to_choose_and_all(
+    ray_cluster: None,
+) -> None:
+    with am.ActorMesh(Yields, shape=2, num_cpus=0.1) as mesh:
+        assert list(mesh.methods.counted.choose(3).get(timeout=60)) == [0, 1, 2]
+        every = mesh.methods.counted.all(2).get(timeout=60)
+        assert [list(every[rank]) for rank in range(2)] == [[0, 1], [0, 1]]
 
 
 def test_a_raising_call_in_a_coalesced_map_never_ejects_a_healthy_actor(
