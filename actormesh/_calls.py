@@ -338,10 +338,20 @@ class Task:
             self.router.end(self, [_packed_outcome(p) for p in self.results], None)
 
     def _reported(self, item: Any) -> None:
-        """STREAM: one call's `(index, packed outcome)` has arrived (an error: it never will)."""
+        """STREAM: one call's `(index, packed outcome)` has arrived (an error: it never will).
+        A call that ran while others of the task still run reaches its caller now, not when
+        the task ends: a call riding with one that runs for long (or for good: timed out on an
+        asyncio actor, where it is cancelled only once every call of its task is done) gets its
+        value as it would alone. The last to report is settled with the task's end, which
+        follows it at once, so that its caller sees the actor's load without it."""
         if not isinstance(item, BaseException):
             index, packed = item
             self.results[index] = packed
+            call = self.calls[index]
+            if self._waiting > 2 and not isinstance(packed, _runner.Skipped) and call.twin is None \
+                    and call.future.set_result((self, index)) \
+                    and any(c.future.failed() for c in self.calls):
+                _loop.post(self.router.cancel_sent, self)  # the rest were cancelled: stop it
         self._arrived()
 
     def _stream_ended(self, value: Any) -> None:
@@ -423,6 +433,11 @@ def _failed(error: BaseException, *, ran: bool = True) -> int:
         # an argument of one call cannot be loaded in the actor. Alone, only that call fails.
         return RESEND
     return _ray.FAILED
+
+
+def _reported_value(call: Call, task: Task) -> bool:
+    """Whether `call`'s future holds its own outcome in `task` (settled by its report)."""
+    return call.future.exception() is None and call.future.result()[0] is task
 
 
 def _outcome_name(call: Call, outcome: int, settled_before: bool) -> str:
@@ -805,17 +820,23 @@ class Router:
                 drained = self.scheduler.release(actor, self._drain_inline, len(calls), True)
             else:
                 ran = sum(o not in _NOT_RUN for o in outcomes)
-                failed = sum(o != _ray.OK and o not in _NOT_RUN for o in outcomes)
+                # A call lost by an earlier incarnation (its end may come after the restart)
+                # tells nothing of the actor as it is now: no failure, no sample.
+                stale = lost and task.epoch != self.failures.epochs[actor]
+                failed = sum(o != _ray.OK and o not in _NOT_RUN and not (stale and o in _LOST)
+                             for o in outcomes)
                 drained = self.scheduler.complete(
                     actor, task.started, ended, failed=failed, drain=self._drain_inline,
-                    calls=len(calls), method=_method_of(calls), timed=timed and ran > 0,
-                    busy_s=task.busy_s)
+                    calls=len(calls), method=_method_of(calls),
+                    timed=timed and ran > 0 and not stale, busy_s=task.busy_s)
             self._hand_on(drained, actor)
             metrics = self.metrics
             counted: list[tuple[str, str]] = []  # each call's method and outcome, for metrics
             for index, (call, outcome) in enumerate(zip(calls, outcomes)):
                 call.outcome = outcome
-                settled_before = call.future.done()  # cancelled or timed out while it ran
+                # cancelled or timed out while it ran (not settled by its own report)
+                settled_before = call.future.done() and not (
+                    task.wire == STREAM and _reported_value(call, task))
                 self._settle(call, outcome, task, index, error)
                 if metrics is not None and outcome not in _NOT_RUN:
                     counted.append((call.method, _outcome_name(call, outcome, settled_before)))

@@ -277,6 +277,33 @@ def test_cancelling_every_call_of_a_running_task_stops_it_and_frees_its_slot(
         assert mesh.load() == [0]
 
 
+def test_a_call_riding_with_one_that_timed_out_returns_at_its_end_and_the_task_then_stops(
+    ray_cluster: None,
+) -> None:
+    """On an asyncio actor, a call that timed out in a running task keeps running while a call
+    riding with it runs: the rider's value reaches its caller when the rider ends, and once
+    every call of the task is done the task is cancelled and its slot freed."""
+    with am.ActorMesh(Gated, shape=1, num_cpus=0.1, balancer=ONE_TASK) as mesh:
+        for _ in range(2):
+            mesh.methods.cancelled_calls.choose().get(timeout=60)
+        held, never, other = signal(), signal(), signal()
+        blocked = mesh.methods.block.choose(held)
+        waiters(held, 1)
+        stuck = mesh.methods.gate.options(timeout=0.5).choose(never)
+        rider = mesh.methods.block.choose(other)
+        held.send.remote()
+        blocked.get(timeout=60)
+        waiters(never, 1)
+        waiters(other, 1)
+        assert stuck._calls[0].task is rider._calls[0].task  # they ride one task
+        with pytest.raises(am.MeshTimeoutError):
+            stuck.get(timeout=60)
+        other.send.remote()
+        assert rider.get(timeout=30) is None  # though the call it rode with never ends
+        wait_until(lambda: mesh.load() == [0])
+        assert mesh.methods.cancelled_calls.choose().get(timeout=60) == 1
+
+
 def test_cancelling_the_task_that_awaits_a_call_cancels_the_call_in_its_actor(
     ray_cluster: None,
 ) -> None:

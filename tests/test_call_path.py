@@ -465,6 +465,24 @@ def test_a_late_failure_from_an_earlier_incarnation_is_ignored() -> None:
     assert fresh.get(timeout=5) == "fresh"
 
 
+def test_calls_lost_by_an_earlier_incarnation_never_eject_the_restarted_actor() -> None:
+    """Ray fails the calls sent to an actor before it restarted as unavailable, some of them
+    after the restart is known: five or more of those must not take it out again."""
+    h = Harness(1)
+    old = [h.method().choose(x) for x in range(6)]
+    failures = h.router.failures
+    _loop.post(failures.on_state, 0, _ray.RESTARTING, 1, "")
+    _loop.post(failures.on_state, 0, _ray.ALIVE, 1, "")
+    settle()
+    for ref in h.pending(0):
+        h.finish(ref, kind=_ray.UNAVAILABLE, error=RayActorDiedError())
+    for call in old:
+        with pytest.raises(am.ActorDiedError):
+            call.get(timeout=5)
+    assert h.scheduler.ejected() == [False]
+    assert h.scheduler.status() == ["alive"]
+
+
 def test_calls_only_a_restarting_actor_can_serve_wait_for_it() -> None:
     h = Harness(2)
     only_one = h.view(1)
