@@ -28,6 +28,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -433,6 +434,27 @@ def _failed(error: BaseException, *, ran: bool = True) -> int:
         # an argument of one call cannot be loaded in the actor. Alone, only that call fails.
         return RESEND
     return _ray.FAILED
+
+
+# Ray 2.60 may drop a cancel of a streamed task sent a moment before (an asyncio actor then
+# runs its calls): a task not ended this long after its cancel is cancelled again.
+_CANCEL_AGAIN_S = (1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def _cancel_task(task_ref: weakref.ref[Task], attempt: int) -> None:
+    """`ray.cancel` of a task every call of which is done (any thread), and again after each
+    of `_CANCEL_AGAIN_S` while it has not ended (loop thread; the timer keeps no task alive)."""
+    task = task_ref()
+    if task is None or task.ended() or not _ray.connected():
+        return
+    try:
+        streamed = task.wire == STREAM or isinstance(task.out, ObjectRefGenerator)
+        ray.cancel(task.out if streamed else task.ref)
+    except Exception as err:  # noqa: BLE001 - Ray is shutting down, or the task is gone
+        log.debug("actormesh: cancelling a task of %s failed: %s", _task_name(task.calls), err)
+        return
+    if attempt < len(_CANCEL_AGAIN_S):
+        _loop.call_later(_CANCEL_AGAIN_S[attempt], _cancel_task, task_ref, attempt + 1)
 
 
 def _reported_value(call: Call, task: Task) -> bool:
@@ -933,12 +955,7 @@ class Router:
         if not all(c.future.done() or c.future is settling or c.task is not task
                    for c in task.calls):
             return
-        try:
-            streamed = task.wire == STREAM or isinstance(task.out, ObjectRefGenerator)
-            ray.cancel(task.out if streamed else task.ref)
-        except Exception as err:  # noqa: BLE001 - Ray is shutting down, or the task is gone
-            log.debug("actormesh: cancelling a task of %s failed: %s", _task_name(task.calls),
-                      err)
+        _cancel_task(weakref.ref(task), 0)
 
     def expire_after(self, timeout_s: float, calls: Sequence[Call], label: str) -> _loop.Timer:
         """Cancel the calls not done after `timeout_s` with a `MeshTimeoutError` (on the loop

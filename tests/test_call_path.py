@@ -724,6 +724,42 @@ def test_cancelling_a_sent_call_cancels_it_in_its_actor_and_frees_its_slot_when_
     assert_idle(h)
 
 
+def after_loop_timers(delay_s: float) -> None:
+    """Return once the loop thread's timers due within `delay_s` from now have fired."""
+    fired = threading.Event()
+    _loop.call_later(delay_s, fired.set)
+    assert fired.wait(10)
+
+
+def test_a_cancel_ray_drops_goes_again_while_the_task_runs_and_never_after_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray 2.60 may drop the cancel of a streamed task sent a moment before (the actor then
+    runs it): a task not ended after its cancel is cancelled again, with a back-off and a
+    bound, and not once it has ended."""
+    monkeypatch.setattr(_calls, "_CANCEL_AGAIN_S", (0.01, 0.02, 0.04))
+    cancels: list[FakeRef] = []
+    monkeypatch.setattr(_calls, "ray", types.SimpleNamespace(
+        get=_fake_get, cancel=lambda ref, **_: cancels.append(ref)))
+    h = Harness(1)
+    dropped = h.method().choose(1)
+    [ref] = h.pending(0)
+    dropped.cancel()
+    after_loop_timers(0.2)
+    assert cancels == [ref] * 4  # the cancel, then three more: Ray dropped every one
+    h.finish(ref, kind=_ray.CANCELLED, error=TaskCancelledError())
+    assert_idle(h)
+
+    cancels.clear()
+    ended = h.method().choose(2)
+    [ref] = h.pending(0)
+    ended.cancel()
+    h.finish(ref, kind=_ray.CANCELLED, error=TaskCancelledError())
+    after_loop_timers(0.2)
+    assert cancels == [ref]  # it ended: never cancelled again
+    assert_idle(h)
+
+
 def test_a_call_sent_to_a_synchronous_actor_is_not_cancelled_there_but_its_result_dropped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
