@@ -24,6 +24,7 @@ Hedged calls (`_hedge`) reach this module through `Router.send_copy` and `Call.t
 from __future__ import annotations
 
 import _thread
+import concurrent.futures as cf
 import logging
 import math
 import threading
@@ -474,6 +475,9 @@ def _outcome_name(call: Call, outcome: int, settled_before: bool) -> str:
     return "cancelled" if outcome == _ray.CANCELLED else "error"
 
 
+_CANCELS = (cf.CancelledError, MeshTimeoutError)  # what a call cancelled or timed out ends with
+
+
 def _cancelled_name(error: BaseException) -> str:
     return "timeout" if isinstance(error, MeshTimeoutError) else "cancelled"
 
@@ -653,6 +657,12 @@ class Router:
         for call in calls:
             call.ticket = 0
             if call.future.done():
+                error = call.future.exception()
+                if self.metrics is not None and isinstance(error, _CANCELS) \
+                        and call.twin is None:  # (a hedge's copy: its call is counted)
+                    # cancelled or timed out once given its slot, never sent: counted here,
+                    # as `cancel` counts one it takes out of the queue
+                    self.metrics.call_ended(call.method, _cancelled_name(error), 0.0)
                 continue
             live.append(call)
         if len(live) < len(calls):

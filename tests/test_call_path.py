@@ -31,6 +31,7 @@ import actormesh as am
 from actormesh import _calls, _future, _hedge, _loop, _native, _ray, _runner
 from actormesh._balancer import make_scheduler
 from actormesh._calls import Router
+from actormesh._metrics import MeshMetrics
 from actormesh._method import CallOptions, MeshMethod, Target
 from actormesh._shape import Point, Shape
 
@@ -280,6 +281,7 @@ def test_a_cancelled_queued_call_is_never_sent() -> None:
 
 def test_a_call_cancelled_after_its_slot_was_given_but_before_it_was_sent_gives_it_back() -> None:
     h = Harness(1, max_in_flight=1)
+    h.router.metrics = metrics = MeshMetrics("counted")
     h.method().choose(1)
     queued = h.method().choose(2)
     # The slot goes to the queued call on the "Ray" thread; the send waits for the loop thread,
@@ -297,6 +299,9 @@ def test_a_call_cancelled_after_its_slot_was_given_but_before_it_was_sent_gives_
     settle()
     assert [r.args for r in h.handles[0].sent] == [(1,)]
     assert_idle(h)
+    calls = metrics.stats()["calls"]["f"]
+    assert (calls["ok"], calls["cancelled"]) == (1, 1)  # each call counted once
+    metrics.close()
 
 
 def test_close_fails_the_queued_calls_and_refuses_new_ones() -> None:
