@@ -857,10 +857,15 @@ class Router:
                 stale = lost and task.epoch != self.failures.epochs[actor]
                 failed = sum(o != _ray.OK and o not in _NOT_RUN and not (stale and o in _LOST)
                              for o in outcomes)
+                # How the failures fell, for the actor's run of them: in the order the calls
+                # ran, unless an asyncio actor ran them at once.
+                first, longest, last = _failure_run(outcomes, stale) \
+                    if 0 < failed < ran and not self._actors[actor].asyncio else (-1, 0, 0)
                 drained = self.scheduler.complete(
                     actor, task.started, ended, failed=failed, drain=self._drain_inline,
                     calls=len(calls), method=_method_of(calls),
-                    timed=timed and ran > 0 and not stale, busy_s=task.busy_s)
+                    timed=timed and ran > 0 and not stale, busy_s=task.busy_s,
+                    failed_first=first, failed_longest=longest, failed_last=last)
             self._hand_on(drained, actor)
             metrics = self.metrics
             counted: list[tuple[str, str]] = []  # each call's method and outcome, for metrics
@@ -1020,6 +1025,24 @@ def _expected_s(calls: list[Call], scheduler: _native.Scheduler) -> float:
             return math.inf
         total += latency
     return total
+
+
+def _failure_run(outcomes: Sequence[int], stale: bool) -> tuple[int, int, int]:
+    """The failed calls a task began with, its longest run of them and those it ended with, in
+    the order of `outcomes` (calls not run, and with `stale` lost ones, are no outcome)."""
+    first = longest = run = 0
+    succeeded = False
+    for outcome in outcomes:
+        if outcome in _NOT_RUN or (stale and outcome in _LOST):
+            continue
+        if outcome == _ray.OK:
+            succeeded, run = True, 0
+            continue
+        run += 1
+        longest = max(longest, run)
+        if not succeeded:
+            first = run
+    return first, longest, run
 
 
 def _method_of(calls: list[Call]) -> int:

@@ -94,6 +94,7 @@ class Scheduler:
     def complete(
         self, actor: int, started_s: float, ended_s: float, failed: int, drain: bool = True,
         calls: int = 1, method: int = 0, timed: bool = True, busy_s: float = ...,
+        failed_first: int = -1, failed_longest: int = 0, failed_last: int = 0,
     ) -> list[Decision]: ...
     def drain(self, actor: int) -> list[Decision]: ...
     def release(

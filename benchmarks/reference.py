@@ -390,7 +390,8 @@ class Scheduler:
 
     def complete(self, actor: int, started_s: float, ended_s: float, failed: int, *,
                  calls: int = 1, method: int = 0, timed: bool = True,
-                 busy_s: float = math.nan) -> list[Decision]:
+                 busy_s: float = math.nan, failed_first: int = -1, failed_longest: int = 0,
+                 failed_last: int = 0) -> list[Decision]:
         """Ends a task of `calls` calls on `actor`, `failed` of which failed, learns its service
         time per call (the method's from `busy_s`, the actor's own report, when finite), and
         dispatches what its slots free."""
@@ -412,10 +413,16 @@ class Scheduler:
         rating = self._rating(actor)
         load.in_flight -= calls
         load.tasks -= 1
-        # a task whose calls mostly succeeded ends the run of failures; one whose calls mostly
-        # failed starts one (continues it when every call failed)
-        load.failures_in_a_row = 0 if calls - failed >= failed else \
-            failed + (load.failures_in_a_row if failed == calls else 0)
+        # the failures' order known and some call succeeded: the run is left with the task's
+        # last failures (no ejection here); else a task whose calls mostly succeeded ends the
+        # run of failures, one whose calls mostly failed starts one (continues it when every
+        # call failed)
+        if failed_first >= 0 and failed < calls:
+            load.failures_in_a_row = failed_last
+        elif failed_first >= 0 or calls - failed < failed:
+            load.failures_in_a_row = failed + (load.failures_in_a_row if failed == calls else 0)
+        else:
+            load.failures_in_a_row = 0
         if timed:
             self._record(load, started_s, ended_s, failed, calls, self._methods[method], busy_s)
         self._blocked += was - self._eligible(actor)

@@ -465,21 +465,34 @@ NB_MODULE(_native, m) {
       .def(
           "complete",
           [](PyScheduler& s, int64_t actor, double started_s, double ended_s, nb::handle failed,
-             bool drain, int64_t calls, int64_t method, bool timed, double busy_s) {
+             bool drain, int64_t calls, int64_t method, bool timed, double busy_s,
+             int64_t failed_first, int64_t failed_longest, int64_t failed_last) {
             const int64_t count = failed_calls(failed);
+            actormesh::FailureRun run;
+            if (failed_first >= 0) {
+              if (failed_longest < 0 || failed_last < 0 || failed_longest > calls) {
+                throw std::invalid_argument(
+                    "complete: failed_longest " + std::to_string(failed_longest) +
+                    ", failed_last " + std::to_string(failed_last) + ": must be in [0, calls]");
+              }
+              run = actormesh::FailureRun{failed_first, static_cast<uint32_t>(failed_longest),
+                               static_cast<uint32_t>(failed_last)};
+            }
             Drain drained = with_gil_rule(s, [&] {
               return s.complete(actor, started_s, ended_s, count, drain, calls, method, timed,
-                                busy_s);
+                                busy_s, run);
             });
             tell_ejections(s);
             return finish(std::move(drained));
           },
           "actor"_a, "started_s"_a, "ended_s"_a, "failed"_a, "drain"_a = true, "calls"_a = 1,
           "method"_a = 0, "timed"_a = true,
-          "busy_s"_a = std::numeric_limits<double>::quiet_NaN(),
+          "busy_s"_a = std::numeric_limits<double>::quiet_NaN(), "failed_first"_a = -1,
+          "failed_longest"_a = 0, "failed_last"_a = 0,
           nb::sig("def complete(self, actor: int, started_s: float, ended_s: float, failed: int, "
                   "drain: bool = True, calls: int = 1, method: int = 0, timed: bool = True, "
-                  "busy_s: float = ...) -> list[Decision]"))
+                  "busy_s: float = ..., failed_first: int = -1, failed_longest: int = 0, "
+                  "failed_last: int = 0) -> list[Decision]"))
       .def(
           "drain",
           [](PyScheduler& s, int64_t actor) {

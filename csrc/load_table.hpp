@@ -21,6 +21,15 @@ enum class Status : uint8_t { alive, restarting, dead };
 // How many of an actor's latest samples it keeps (ActorLoad::latest).
 constexpr uint32_t kLatest = 3;
 
+// How a task's failed calls fell, in the order its calls ran (`LoadTable::record`): the failed
+// calls it began with, its longest run of them, and those it ended with; `first` < 0: unknown.
+struct FailureRun {
+  int64_t first = -1;
+  uint32_t longest = 0;
+  uint32_t last = 0;
+  bool known() const { return first >= 0; }
+};
+
 struct ActorLoad {
   // Calls on the actor not yet completed: this driver's (`own`) and, on a mesh that several
   // drivers share, the other drivers' (`others`, see shared_load.hpp). Policies rank by it;
@@ -52,6 +61,7 @@ struct ActorLoad {
   // Outlier ejection: an actor that failed `eject_after` calls in a row is passed over until
   // `ejected_until`, as long as another eligible member can take the call.
   uint32_t failures_in_a_row = 0;
+  int64_t run_ends_with = -1;  // set by `record` with a known run, until `end_run`
   uint32_t ejections = 0;  // in a row, without a success in between: the back-off exponent
   bool ejected = false;
   double ejected_until = 0.0;
@@ -183,6 +193,17 @@ class LoadTable {
     a.failures_in_a_row = 0;
   }
 
+  // After a task whose failures' order was known (`record`'s `run`) and the ejection its
+  // longest run may have decided: the run the actor is left with is the task's last failures.
+  void end_run(uint32_t actor) {
+    ActorLoad& a = actors_[actor];
+    if (a.run_ends_with >= 0) {  // an ejection just decided has counted the run from 0
+      a.failures_in_a_row =
+          std::min(a.failures_in_a_row, static_cast<uint32_t>(a.run_ends_with));
+      a.run_ends_with = -1;
+    }
+  }
+
   // Its ejection is over (the count of ejections stays until a success resets it), and its
   // speed is to be measured again.
   void readmit(uint32_t actor) {
@@ -239,11 +260,14 @@ class LoadTable {
   // information and are dropped.
   //
   // Failures count per call, never per task: a task with one failed call in ten is nine
-  // successes and one failure. The order of the calls within a task is not known: a task whose
-  // calls mostly succeeded ends the actor's run of failures (its failures were interleaved
-  // with successes: a task of 64 calls with 6 raising is a healthy actor, not 6 failures in a
-  // row); one whose calls mostly failed starts a run with them (see `failures_in_a_row`). A failed call is no service-time sample of its method,
-  // but it is one for the actor: a penalty, twice the larger of its share and the actor's
+  // successes and one failure. `run`, when known, is how its calls failed in the order they
+  // ran, and the actor's run of failures moves as if they had been sent one by one: the task's
+  // first failures continue the run, its longest run is reached, and it ends with its last
+  // ones (`end_run` then sets them, once an ejection was decided on the longest). When the order
+  // is not known, a task whose calls mostly succeeded ends the run (a task of 64 calls with 6
+  // raising is a healthy actor, not 6 failures in a row) and one whose calls mostly failed
+  // starts one. A failed call is no service-time sample of its method, but it is one for the
+  // actor: a penalty, twice the larger of its share and the actor's
   // estimate (the method's while the actor is unmeasured), so that an actor that fails fast
   // never looks fast: each failed call in a row multiplies its estimate by about 1 + alpha.
   // Without `timed` the end time is not known well enough to measure anything: only the
@@ -274,14 +298,20 @@ class LoadTable {
   // next sample: a straggler that was passed over for long may have recovered.
   void record(uint32_t actor, double started_s, double ended_s, uint32_t failed,
               uint32_t calls = 1, uint32_t method = 0, bool timed = true,
-              double busy_s = std::numeric_limits<double>::quiet_NaN()) {
+              double busy_s = std::numeric_limits<double>::quiet_NaN(),
+              const FailureRun& run = FailureRun{}) {
     ActorLoad& a = actors_[actor];
     const uint32_t succeeded = calls - failed;
-    if (succeeded >= failed) {
+    if (run.known() && succeeded > 0) {
+      a.failures_in_a_row = std::max(a.failures_in_a_row + static_cast<uint32_t>(run.first),
+                                     run.longest);
+      a.run_ends_with = run.last;
+      if (!a.ejected) a.ejections = 0;
+    } else if (run.known() || succeeded < failed) {
+      a.failures_in_a_row = failed + (succeeded == 0 ? a.failures_in_a_row : 0);
+    } else {
       a.failures_in_a_row = 0;
       if (!a.ejected) a.ejections = 0;
-    } else {
-      a.failures_in_a_row = failed + (succeeded == 0 ? a.failures_in_a_row : 0);
     }
     if (!timed) return;
     const double share = (ended_s - std::max(started_s, a.last_end_s)) / calls;

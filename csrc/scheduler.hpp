@@ -94,9 +94,11 @@ class Scheduler {
   // service-time sample; none without `timed`, when the end time is not known; `busy_s`: the
   // seconds the actor reported running them, NaN if it did not). With `drain` false the queued
   // calls its slots could take are left for drain().
+  // `run`: how the failed calls fell in the order the calls ran, when known (LoadTable::record).
   Drain complete(int64_t actor, double started_s, double ended_s, int64_t failed,
                  bool drain = true, int64_t calls = 1, int64_t method = 0, bool timed = true,
-                 double busy_s = std::numeric_limits<double>::quiet_NaN());
+                 double busy_s = std::numeric_limits<double>::quiet_NaN(),
+                 const FailureRun& run = FailureRun{});
   Drain drain(int64_t actor);
   // Gives back `calls` call slots that no call used (queued calls given a slot after they were
   // cancelled), and with `task` the task slot they were to share.

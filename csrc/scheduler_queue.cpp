@@ -176,7 +176,8 @@ void Scheduler::check_held(uint32_t actor, int64_t calls, bool task, const char*
 }
 
 Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, int64_t failed,
-                          bool drain, int64_t calls, int64_t method, bool timed, double busy_s) {
+                          bool drain, int64_t calls, int64_t method, bool timed, double busy_s,
+                          const FailureRun& run) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t a = check_actor(actor);
   const uint32_t method_id = check_method(method);
@@ -191,13 +192,23 @@ Drain Scheduler::complete(int64_t actor, double started_s, double ended_s, int64
                                 std::to_string(calls) + "): failed " + std::to_string(failed) +
                                 ": must be in [0, calls]");
   }
+  if (run.known() && (run.first > static_cast<int64_t>(run.longest) ||
+                      run.last > run.longest || run.longest > failed)) {
+    throw std::invalid_argument("complete(actor=" + std::to_string(a) + ", failed=" +
+                                std::to_string(failed) + "): failed_first " +
+                                std::to_string(run.first) + ", failed_longest " +
+                                std::to_string(run.longest) + ", failed_last " +
+                                std::to_string(run.last) +
+                                ": runs of failed calls that cannot be");
+  }
   see_time(ended_s);
   const Standing before = standing(a);
   loads_.add(a, -static_cast<int32_t>(calls), -1);
   loads_.record(a, started_s, ended_s, static_cast<uint32_t>(failed),
-                static_cast<uint32_t>(calls), method_id, timed, busy_s);
+                static_cast<uint32_t>(calls), method_id, timed, busy_s, run);
   changed(a, before);
   eject_if_due(a, ended_s);
+  loads_.end_run(a);
   end_ejections(ended_s);
   return drain ? drain_locked(a) : Drain{};
 }

@@ -259,6 +259,20 @@ def test_a_raising_call_in_a_coalesced_map_never_ejects_a_healthy_actor(
     assert pair._root.router.scheduler.ejected() == [False, False]
 
 
+def test_a_coalesced_map_with_most_calls_raising_but_never_five_in_a_row_ejects_no_actor(
+    pair: am.ActorMesh[Logged],
+) -> None:
+    """Sent one by one, two failures then a success, over and over, never make five failures in
+    a row: riding tasks of many calls (run in order), they never do either."""
+    before = pair.stats()["batch_calls"]["value"]
+    items = [x if x % 3 == 0 else -x for x in range(1, 601)]  # raise, raise, return, ...
+    results: list[Any] = list(pair.methods.value.options(return_exceptions=True).map(items))
+    assert sum(isinstance(r, am.ActorError) for r in results) == 400
+    after = pair.stats()["batch_calls"]["value"]
+    assert after["count"] - before["count"] < (after["sum"] - before["sum"]) / 4  # they rode
+    assert pair._root.router.scheduler.ejected() == [False, False]
+
+
 def test_cancelling_every_call_of_a_running_task_stops_it_and_frees_its_slot(
     ray_cluster: None,
 ) -> None:

@@ -1093,6 +1093,52 @@ def test_a_failed_task_counts_each_of_its_calls_towards_ejection() -> None:
     assert s.ejected() == [True, False]
 
 
+def _ended_in_order(s: Scheduler, outcomes: str) -> None:
+    """Actor 0 ran a task whose calls went `outcomes` in order ("." a success, "x" a failure),
+    and `complete` is told how the failures fell."""
+    runs = [len(run) for run in outcomes.split(".")]
+    for _ in outcomes:
+        s.acquire(0)
+    s.complete(0, 1.0, 1.01, outcomes.count("x"), calls=len(outcomes),
+               failed_first=runs[0], failed_longest=max(runs), failed_last=runs[-1])
+
+
+def test_failures_in_known_order_move_the_run_as_calls_sent_one_by_one_would() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=3)
+    _ended_in_order(s, ".xx" * 10)  # two thirds failed, never three in a row
+    assert s.ejected() == [False, False]
+    fail_calls(s, 0, 1)  # the task ended with two: a third in a row
+    assert s.ejected() == [True, False]
+
+
+def test_a_run_of_failures_inside_a_mostly_successful_task_ejects_when_long_enough() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=5)
+    _ended_in_order(s, "." * 30 + "x" * 5 + "." * 29)
+    assert s.ejected() == [True, False]
+
+
+def test_the_failures_a_task_begins_with_continue_the_run_before_it() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=3)
+    fail_calls(s, 0, 2)
+    _ended_in_order(s, "x.........")
+    assert s.ejected() == [True, False]
+    t = Scheduler(2, "least_loaded", eject_after=3)
+    fail_calls(t, 0, 2)
+    _ended_in_order(t, ".x........")  # a success first ends the run
+    assert t.ejected() == [False, False]
+
+
+def test_complete_refuses_runs_of_failures_that_cannot_be() -> None:
+    s = Scheduler(1)
+    for _ in range(4):
+        s.acquire(0)
+    with pytest.raises(ValueError, match="failed_first 2, failed_longest 1"):
+        s.complete(0, 0.0, 1.0, 2, calls=4, failed_first=2, failed_longest=1, failed_last=0)
+    with pytest.raises(ValueError, match="failed_longest 3"):
+        s.complete(0, 0.0, 1.0, 2, calls=4, failed_first=0, failed_longest=3, failed_last=0)
+    assert s.in_flight() == [4]
+
+
 def test_complete_refuses_a_bool_or_a_count_of_failures_beyond_the_task() -> None:
     s = Scheduler(1)
     s.acquire(0)
