@@ -56,8 +56,9 @@ _cloudpickle_dumps: Callable[..., bytes] = _cloudpickle.dumps  # untyped in Ray
 
 # How a task travels (see the module docstring).
 LONE, LIST, STREAM = 0, 1, 2
-# A task expected to run longer than this reports each call as it ends (STREAM).
-STREAM_ABOVE_S = 0.05
+# A task expected to run longer than this reports each call as it ends (STREAM); one in order
+# that runs longer than this anyway starts no more calls (`_runner.Deferred`).
+STREAM_ABOVE_S = _runner.UNSTREAMED_S
 # `map` keeps at least this many calls per task slot outstanding: enough for a backlog, under
 # which tasks carry several calls and the method's time per call can be measured again (a
 # window sized from an estimate inflated by lone round trips would keep every call alone).
@@ -68,7 +69,10 @@ SKIPPED = -1
 # An outcome of every call of a task that never ran them (its arguments could not be loaded in
 # the actor): each goes again alone, where it gets what it would have got alone.
 RESEND = -2
-_NOT_RUN = (SKIPPED, RESEND)
+# An outcome of a call a task in order did not reach in time (`_runner.Deferred`): it is routed
+# again, as any queued call.
+DEFERRED = -3
+_NOT_RUN = (SKIPPED, RESEND, DEFERRED)
 _LOST = (_ray.DIED, _ray.UNAVAILABLE)
 
 
@@ -487,6 +491,8 @@ def _packed_outcome(packed: Any) -> int:
         return _ray.RAISED
     if isinstance(packed, _runner.Skipped):
         return SKIPPED
+    if isinstance(packed, _runner.Deferred):
+        return DEFERRED
     return _ray.OK
 
 
@@ -864,7 +870,8 @@ class Router:
                 drained = self.scheduler.complete(
                     actor, task.started, ended, failed=failed, drain=self._drain_inline,
                     calls=len(calls), method=_method_of(calls),
-                    timed=timed and ran > 0 and not stale, busy_s=task.busy_s,
+                    timed=timed and ran > 0 and not stale,
+                    busy_s=task.busy_s * len(calls) / ran if 0 < ran < len(calls) else task.busy_s,
                     failed_first=first, failed_longest=longest, failed_last=last)
             self._hand_on(drained, actor)
             metrics = self.metrics
@@ -891,10 +898,11 @@ class Router:
         """Settle one call of an ended task: its value or its error, unless it goes again (it
         never started, or its actor was lost and it has retries), or a hedged copy still runs
         that may do better (the first copy to end with a value wins; see `_hedge`)."""
-        if outcome in _NOT_RUN:  # never started: it goes alone, as Ray would run it
+        if outcome in _NOT_RUN:  # never started: it goes again (alone, as Ray would run it)
             if outcome == SKIPPED:
                 self._alone.add(call.method)
-            call.rides = False
+            if outcome != DEFERRED:
+                call.rides = False
             _loop.post(self._retry, call)
             return
         twin = call.twin

@@ -72,7 +72,22 @@ class Skipped:
         return Skipped, (self.reason,)
 
 
-Packed = bytes | Raised | Skipped
+class Deferred:
+    """A call a task in order did not reach within `UNSTREAMED_S`: the driver routes it again."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type[Deferred], tuple[()]]:
+        return Deferred, ()
+
+
+UNSTREAMED_S = 0.05
+"""A task expected to run longer than this is streamed (each call reported as it ends); one that
+returns its calls together and runs in order stops starting calls once it has run this long,
+so that what an actor dying in it takes with it stays that of a lone call, whatever the
+calls' expected time said."""
+
+Packed = bytes | Raised | Skipped | Deferred
 Listed = tuple[float, list[Packed]]
 """A task's value: the seconds the actor spent running its calls, and each call's outcome."""
 
@@ -180,9 +195,15 @@ async def _await_one(instance: Any, name: str, args: tuple[Any, ...], kwargs: di
 
 # -- the task, in the actor -----------------------------------------------------------------------
 def run_in_order(instance: Any, items: Sequence[Item]) -> Listed:
-    """A synchronous actor: each call in turn, as Ray would run them."""
+    """A synchronous actor: each call in turn, as Ray would run them; the calls not started
+    once the task has run `UNSTREAMED_S` are `Deferred`."""
     start = time.perf_counter()
-    packed = [_run_one(instance, *item) for item in items]
+    packed: list[Packed] = []
+    for item in items:
+        if packed and time.perf_counter() - start > UNSTREAMED_S:
+            packed.extend(Deferred() for _ in range(len(items) - len(packed)))
+            break
+        packed.append(_run_one(instance, *item))
     return time.perf_counter() - start, packed
 
 

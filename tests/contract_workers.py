@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,6 +49,13 @@ class Logged:
     def value(self, x: int) -> Any:
         if x < 0:
             return threading.Lock()  # a value no pickle takes
+        return x
+
+    @am.method
+    def slow(self, x: int, seconds: float, counter: Any) -> int:
+        """Record `x`, after `seconds` of work."""
+        time.sleep(seconds)
+        ray.get(counter.add.remote(x))
         return x
 
     @am.method

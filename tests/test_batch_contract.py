@@ -26,7 +26,8 @@ def pair(ray_cluster: None) -> Iterator[am.ActorMesh[Logged]]:
         counter = Counter.remote()
         for _ in range(2):  # every method measured (an actor's first call measures nothing)
             am.get([mesh.methods.logged.all(-1, counter), mesh.methods.value.all(0),
-                    mesh.methods.aborting.all(0)], timeout=60)
+                    mesh.methods.aborting.all(0), mesh.methods.slow.all(-1, 0.0, counter)],
+                   timeout=60)
         yield mesh
 
 
@@ -56,6 +57,26 @@ def test_calls_that_finished_before_their_actor_died_later_in_the_task_return_on
         held[1].send.remote()
         blocked[1].get(timeout=60)
         assert [x for x in ray.get(counter.executions.remote()) if x >= 0] == list(range(5))
+
+
+def test_calls_riding_a_task_that_outruns_its_expected_time_are_not_started_in_it(
+    pair: am.ActorMesh[Logged],
+) -> None:
+    """A task expected to be short returns its calls together; when its first call takes far
+    longer than its method's estimate said (60 ms, measured at ~0), the task starts no more
+    calls: they go again, each run once, so an actor dying in it takes no more with it than
+    a lone call's."""
+    one = pair[0]
+    counter = Counter.remote()
+    sig = signal()
+    blocked = one.methods.block.choose(sig)
+    waiters(sig, 1)
+    futures = [one.methods.slow.choose(x, 0.06 if x == 0 else 0.0, counter) for x in range(5)]
+    sig.send.remote()
+    blocked.get(timeout=60)
+    assert am.get(futures, timeout=60) == list(range(5))
+    assert ray.get(counter.executions.remote(), timeout=60) == list(range(5))  # once each
+    assert all(f._calls[0].task is not futures[0]._calls[0].task for f in futures[1:])
 
 
 def test_a_value_that_cannot_be_pickled_fails_its_own_call_only(
