@@ -35,7 +35,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import ray
 from ray import ObjectRef, ObjectRefGenerator
-from ray.cloudpickle import cloudpickle as _cloudpickle
 from ray.exceptions import RayError
 
 from . import _loop, _native, _ray, _runner
@@ -52,7 +51,6 @@ log = logging.getLogger("actormesh")
 T = TypeVar("T")
 
 _NO_KWARGS: dict[str, Any] = {}  # never written to
-_cloudpickle_dumps: Callable[..., bytes] = _cloudpickle.dumps  # untyped in Ray
 
 # How a task travels (see the module docstring).
 LONE, LIST, STREAM = 0, 1, 2
@@ -737,24 +735,19 @@ class Router:
             task.ref._on_completed(task._listed)
 
     def _unsendable(self, task: Task, error: BaseException) -> None:
-        """The task could not be sent: the calls whose arguments cannot be serialised fail with
-        `error`; the others (if any) go again as one task in the same slots."""
+        """The task could not be sent: a lone call fails with `error`; each call of a task of
+        several goes again alone, where a call whose arguments cannot be serialised fails with
+        its own error (not one naming its task's other calls) and the others run."""
         calls = task.calls
         task.claim()
+        self._give_back(task.actor, len(calls))
         if len(calls) == 1 or not _ray.connected():
-            self._give_back(task.actor, len(calls))
             for call in calls:
                 call.fail(error)
             return
-        bad = [c for c in calls if not _serialisable(c)]
-        if not bad:  # whose it is cannot be told: each fails
-            bad = calls
-        self._give_back(task.actor, len(bad), task=len(bad) == len(calls))
-        for call in bad:
-            call.fail(error)
-        good = [c for c in calls if c not in bad]
-        if good:
-            self.send_task(task.actor, good)
+        for call in calls:
+            call.rides = False
+            _loop.post(self._retry, call)
 
     def send_copy(self, actor: int, call: Call) -> None:
         """Send a second copy of the hedged `call` to `actor`, whose slot the scheduler counted
@@ -858,9 +851,10 @@ class Router:
                 drained = self.scheduler.release(actor, self._drain_inline, len(calls), True)
             else:
                 ran = sum(o not in _NOT_RUN for o in outcomes)
-                # A call lost by an earlier incarnation (its end may come after the restart)
-                # tells nothing of the actor as it is now: no failure, no sample.
-                stale = lost and task.epoch != self.failures.epochs[actor]
+                # A call lost by an earlier incarnation (its end may come after the restart),
+                # or by the mesh's own shutdown, tells nothing of the actor as it is now: no
+                # failure, no sample.
+                stale = lost and (task.epoch != self.failures.epochs[actor] or self.closed)
                 failed = sum(o != _ray.OK and o not in _NOT_RUN and not (stale and o in _LOST)
                              for o in outcomes)
                 # How the failures fell, for the actor's run of them: in the order the calls
@@ -1063,14 +1057,6 @@ def _task_name(calls: list[Call]) -> str:
     """How the dashboard names a task: after its method (its calls' methods)."""
     names = dict.fromkeys(c.method for c in calls)
     return "+".join(names) if len(names) <= 3 else f"{next(iter(names))}+{len(names) - 1} more"
-
-
-def _serialisable(call: Call) -> bool:
-    try:
-        _cloudpickle_dumps((call.args, call.kwargs))
-    except Exception:  # noqa: BLE001 - whatever pickling raises
-        return False
-    return True
 
 
 def _lone_value(out: Any) -> Any:
