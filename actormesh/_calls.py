@@ -875,8 +875,10 @@ class Router:
                 # cancelled or timed out while it ran (not settled by its own report)
                 settled_before = call.future.done() and not (
                     task.wire == STREAM and _reported_value(call, task))
+                twin = call.twin
                 self._settle(call, outcome, task, index, error)
-                if metrics is not None and outcome not in _NOT_RUN:
+                if metrics is not None and outcome not in _NOT_RUN and (
+                        twin is None or _ends_hedged_call(call, twin, settled_before)):
                     counted.append((call.method, _outcome_name(call, outcome, settled_before)))
                 if call.future.done() and call.hedge is None:
                     call.args, call.kwargs = (), _NO_KWARGS
@@ -1027,6 +1029,14 @@ def _expected_s(calls: list[Call], scheduler: _native.Scheduler) -> float:
             return math.inf
         total += latency
     return total
+
+
+def _ends_hedged_call(copy: Call, twin: Call, settled_before: bool) -> bool:
+    """Whether the end of one copy of a hedged call is the end its metrics count (once per
+    call): the copy that settles it, or, for a call cancelled or timed out, the last to end."""
+    if not settled_before:
+        return copy.future.done()  # it won, or was the last to fail
+    return copy.future.exception() is not None and (twin.task is None or twin.task.ended())
 
 
 def _failure_run(outcomes: Sequence[int], stale: bool) -> tuple[int, int, int]:

@@ -1473,6 +1473,32 @@ def test_a_copy_that_raises_does_not_win_while_the_other_copy_runs() -> None:
     assert_idle(h)
 
 
+def test_a_hedged_call_is_counted_once_in_the_metrics_by_what_its_caller_got() -> None:
+    metrics = MeshMetrics("counted")
+    harnesses = [Harness(3) for _ in range(3)]
+    for h in harnesses:
+        h.router.metrics = metrics
+    h = harnesses[0]
+    future, first, copy = hedged_pair(h)  # the copy raises, the first copy's value wins
+    h.finish(copy, kind=_ray.RAISED, error=raised("from the copy"))
+    h.finish(first, "value")
+    assert future.get(timeout=5) == "value"
+    h = harnesses[1]
+    future, first, copy = hedged_pair(h)  # the copy wins; the first copy is cancelled
+    h.finish(copy, "copy")
+    h.finish(first, kind=_ray.CANCELLED, error=TaskCancelledError())
+    h = harnesses[2]
+    future, first, copy = hedged_pair(h)  # the call is cancelled: both copies end cancelled
+    future.cancel()
+    h.finish(first, kind=_ray.CANCELLED, error=TaskCancelledError())
+    h.finish(copy, kind=_ray.CANCELLED, error=TaskCancelledError())
+    for h in harnesses:
+        assert_idle(h)
+    calls = metrics.stats()["calls"]["f"]
+    assert calls == {"ok": 2, "error": 0, "cancelled": 1, "timeout": 0, "lost": 0}
+    metrics.close()
+
+
 def test_when_both_copies_raise_the_error_names_the_actor_of_the_last_to_end() -> None:
     h = Harness(3)
     future, first, copy = hedged_pair(h)
