@@ -149,7 +149,7 @@ class Returns:
         ray.get(sig.wait.remote())
 
     def counted(self, n: int) -> Iterator[int]:
-        for i in range(n):  # Ray's generators take no `yield from` of a plain iterator
+        for i in range(n):  # noqa: UP028 - Ray's generators take no `yield from` of one
             yield i
 
     def held(self, sig: Any) -> Iterator[int]:
@@ -167,7 +167,7 @@ class Yields:
 
     @am.method
     def counted(self, n: int) -> Iterator[int]:
-        for i in range(n):  # Ray's generators take no `yield from` of a plain iterator
+        for i in range(n):  # noqa: UP028 - Ray's generators take no `yield from` of one
             yield i
 
 
