@@ -10,8 +10,19 @@ from typing import Any
 
 import pytest
 import ray
-from contract_workers import (Bounded, Counter, Flaky, Gated, Grouped, Logged, LoadsNowhere,
-                              Peaked, Restarting, Returns, Yields)
+from contract_workers import (
+    Bounded,
+    Counter,
+    Flaky,
+    Gated,
+    Grouped,
+    LoadsNowhere,
+    Logged,
+    Peaked,
+    Restarting,
+    Returns,
+    Yields,
+)
 from workers import signal, wait_until, waiters
 
 import actormesh as am

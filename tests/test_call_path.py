@@ -31,8 +31,8 @@ import actormesh as am
 from actormesh import _calls, _future, _hedge, _loop, _native, _ray, _runner
 from actormesh._balancer import make_scheduler
 from actormesh._calls import Router
-from actormesh._metrics import MeshMetrics
 from actormesh._method import CallOptions, MeshMethod, Target
+from actormesh._metrics import MeshMetrics
 from actormesh._shape import Point, Shape
 
 # -- the harness ----------------------------------------------------------------------------
