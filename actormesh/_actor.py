@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import math
 import os
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
 from typing import Any, TypeVar, cast
@@ -129,8 +130,8 @@ def remote_class(cls: type[Any], concurrency_groups: Mapping[str, int] | None = 
             result = fn(self, *args, **kwargs)
             return await result if inspect.isawaitable(result) else result
 
-        async def batch_async(self: Any, items: list[Item]) -> Listed:
-            return await run_concurrently(self, items, concurrency_bound())
+        async def batch_async(self: Any, items: list[Item], bound_s: float = math.inf) -> Listed:
+            return await run_concurrently(self, items, concurrency_bound())  # calls at once
 
         async def stream_async(self: Any, items: list[Item]) -> AsyncIterator[tuple[int, Packed]]:
             async for reported in stream_concurrently(self, items, concurrency_bound()):
@@ -148,8 +149,8 @@ def remote_class(cls: type[Any], concurrency_groups: Mapping[str, int] | None = 
             result = fn(self, *args, **kwargs)
             return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
 
-        def batch(self: Any, items: list[Item]) -> Listed:
-            return run_in_order(self, items)
+        def batch(self: Any, items: list[Item], bound_s: float = math.inf) -> Listed:
+            return run_in_order(self, items, bound_s)
 
         def stream(self: Any, items: list[Item]) -> Iterator[tuple[int, Packed]]:
             yield from stream_in_order(self, items)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import ray
-from ray import ObjectRef, ObjectRefGenerator
+from ray import ObjectRef
 from ray.exceptions import RayError
 
 from . import _loop, _native, _ray, _runner
@@ -51,6 +51,8 @@ log = logging.getLogger("actormesh")
 T = TypeVar("T")
 
 _NO_KWARGS: dict[str, Any] = {}  # never written to
+# What a generator method's Ray call returns (exported by `ray`, missing from its stubs).
+ObjectRefGenerator: Any = getattr(ray, "ObjectRefGenerator")  # noqa: B009
 
 # How a task travels (see the module docstring).
 LONE, LIST, STREAM = 0, 1, 2
@@ -76,6 +78,7 @@ _LOST = (_ray.DIED, _ray.UNAVAILABLE)
 
 _PENDING, _VALUE, _ERROR = 0, 1, 2
 _settling = threading.Lock()  # one for every result: held for a few bytecodes, never to wait
+_reading = threading.Lock()  # a generator's values, read once (`Task.lone_value`); no callback
 
 
 class Result(Generic[T]):
@@ -286,7 +289,8 @@ class Task:
     outcome; its calls' values are read from it by their callers (`value`)."""
 
     __slots__ = ("router", "calls", "actor", "epoch", "started", "wire", "ref", "out",
-                 "results", "busy_s", "error", "_waiting", "_claims", "__weakref__")
+                 "results", "busy_s", "error", "cancels", "stopping", "lone", "_waiting",
+                 "_claims", "__weakref__")
 
     def __init__(self, router: Router, calls: list[Call], actor: int, wire: int) -> None:
         self.router = router
@@ -300,6 +304,9 @@ class Task:
         self.results: list[Any] = []  # LIST/STREAM: each call's packed outcome (`_runner`)
         self.busy_s = math.nan  # LIST: the seconds the actor reported running the calls
         self.error: BaseException | None = None  # STREAM: what the task ended with, if it failed
+        self.cancels = 0  # its calls cancelled or timed out while it ran (`Router.cancel`)
+        self.stopping = False  # Ray was asked to cancel it (`_cancel_task`)
+        self.lone: tuple[Any, BaseException | None] | None = None  # `_lone_value`'s, once read
         self._waiting = 0  # STREAM: the reports and the end not yet arrived
         self._claims = [True]  # one to take: whoever ends the task (see `claim`)
 
@@ -313,6 +320,18 @@ class Task:
 
     def ended(self) -> bool:
         return not self._claims
+
+    def lone_value(self) -> tuple[Any, BaseException | None]:
+        """The value of a lone Ray call of several returns (a tuple of them) or of a generator
+        (the list of the values it yielded), or its error: read once, by the first reader (a
+        generator is consumed by reading it)."""
+        with _reading:
+            if self.lone is None:
+                try:
+                    self.lone = (_lone_value(self.out), None)
+                except RayError as err:
+                    self.lone = (None, err)
+        return self.lone
 
     def value_in_ref(self) -> bool:
         """Whether the value of its (one) call is its `ref`'s: a lone Ray call of one return
@@ -352,10 +371,11 @@ class Task:
             index, packed = item
             self.results[index] = packed
             call = self.calls[index]
-            if self._waiting > 2 and not isinstance(packed, _runner.Skipped) and call.twin is None \
-                    and call.future.set_result((self, index)) \
-                    and any(c.future.failed() for c in self.calls):
-                _loop.post(self.router.cancel_sent, self)  # the rest were cancelled: stop it
+            outcome = _packed_outcome(packed)
+            if self._waiting > 2 and outcome not in _NOT_RUN and call.twin is None:
+                call.outcome = outcome
+                if call.future.set_result((self, index)) and self.cancels and not self.stopping:
+                    _loop.post(self.router.cancel_sent, self)  # others were cancelled: stop it
         self._arrived()
 
     def _stream_ended(self, value: Any) -> None:
@@ -381,11 +401,15 @@ class Task:
     def value(self, index: int, method: str) -> Any:
         """Call `index`'s value, its error raised as the call of `method` would raise it alone."""
         call_error: BaseException | None
-        if self.wire == LONE:
+        if self.value_in_ref():
             try:
-                return _lone_value(self.out)
+                return _ray.get(self.out)
             except RayError as err:
                 call_error = err
+        elif self.wire == LONE:
+            value, call_error = self.lone_value()
+            if call_error is None:
+                return value
         else:
             packed = self.results[index]
             if isinstance(packed, ObjectRef):  # put for its `.ref`: read from there
@@ -406,12 +430,10 @@ class Task:
             return ref
         if self.wire == LONE:  # several returns, or a generator's: their values, put as one
             if not self.results:
-                try:
-                    value: Any = _lone_value(self.out)
-                except RayError as err:
-                    value = err
-                self.results = [ray.put(value)]
-            return self.results[0]  # type: ignore[no-any-return]
+                value, error = self.lone_value()
+                self.results = [ray.put(error if error is not None else value)]
+            values: ray.ObjectRef[Any] = self.results[0]
+            return values
         put = self.results[index]
         if not isinstance(put, ObjectRef):
             value, error = _runner.unpack(put)
@@ -450,6 +472,7 @@ def _cancel_task(task_ref: weakref.ref[Task], attempt: int) -> None:
     task = task_ref()
     if task is None or task.ended() or not _ray.connected():
         return
+    task.stopping = True
     try:
         streamed = task.wire == STREAM or isinstance(task.out, ObjectRefGenerator)
         ray.cancel(task.out if streamed else task.ref)
@@ -562,6 +585,8 @@ class Router:
         self.coalesces = scheduler.coalesce > 1 and any(k.batches for k in self._actors)
         # Methods whose calls must go alone: Ray options of their own, or a concurrency group.
         self._alone: set[str] = {m for k in self._actors for m in k.alone_methods}
+        self._no_reply: set[str] = {m for k in self._actors for m in k.no_reply}
+        self._tasks_not_run: dict[str, int] = {}  # per method (`_task_not_run`)
         # Over actors that run calls in order, a copy that lost cannot be taken out of an
         # actor's queue (`cancel_sent`): a call is hedged only once it runs (`_hedge`).
         self.in_order = not all(_ray.runs_calls_at_once(h) for h in self.handles)
@@ -604,6 +629,10 @@ class Router:
         ride a batch): calls of one method share a service-time estimate."""
         known = self._method_ids.get(method)
         if known is None:
+            if method in self._no_reply:
+                raise TypeError(
+                    f"{method} is a Ray method with num_returns=0: nothing tells when a call of "
+                    "it ends, so a mesh cannot hold its slot; call it on the actor handle")
             with self._method_ids_lock:
                 known = self._method_ids.get(method)
                 if known is None:
@@ -655,8 +684,8 @@ class Router:
 
     def send_task(self, actor: int, calls: list[Call]) -> None:
         """Send `calls` to `actor` as one Ray task; they hold one task slot and a call slot
-        each. Calls cancelled or timed out while they waited give their slots back; one that
-        cannot be serialised fails alone and the others go in the same slots."""
+        each. Calls cancelled or timed out while they waited give their slots back; a task
+        that cannot be sent sends each of its calls again alone (`_unsendable`)."""
         live: list[Call] = []
         for call in calls:
             call.ticket = 0
@@ -725,13 +754,16 @@ class Router:
             for reported in _ray.stream_refs(task.out, len(calls)):
                 reported._on_completed(task._reported)
             task.ref._on_completed(task._stream_ended)
-        elif self._actors[actor].runner:
-            task.ref = getattr(handle, _runner.BATCH)._remote(
-                args=(items,), name=name, max_task_retries=0)
-            task.ref._on_completed(task._listed)
         else:
-            task.ref = handle.__ray_call__._remote(
-                args=(_runner.run_in_actor, items), name=name, max_task_retries=0)
+            bound = _bound_s(calls, self.scheduler)
+            kwargs = None if bound == math.inf else {"bound_s": bound}
+            if self._actors[actor].runner:
+                task.ref = getattr(handle, _runner.BATCH)._remote(
+                    args=(items,), kwargs=kwargs, name=name, max_task_retries=0)
+            else:
+                task.ref = handle.__ray_call__._remote(
+                    args=(_runner.run_in_actor, items), kwargs=kwargs, name=name,
+                    max_task_retries=0)
             task.ref._on_completed(task._listed)
 
     def _unsendable(self, task: Task, error: BaseException) -> None:
@@ -847,26 +879,7 @@ class Router:
             lost = any(o in _LOST for o in outcomes)
             if lost:  # before the slots are freed: no queued call may follow these there
                 self.failures.lost(actor, task.epoch)
-            if all(o == _ray.CANCELLED or o == RESEND for o in outcomes):  # no sample
-                drained = self.scheduler.release(actor, self._drain_inline, len(calls), True)
-            else:
-                ran = sum(o not in _NOT_RUN for o in outcomes)
-                # A call lost by an earlier incarnation (its end may come after the restart),
-                # or by the mesh's own shutdown, tells nothing of the actor as it is now: no
-                # failure, no sample.
-                stale = lost and (task.epoch != self.failures.epochs[actor] or self.closed)
-                failed = sum(o != _ray.OK and o not in _NOT_RUN and not (stale and o in _LOST)
-                             for o in outcomes)
-                # How the failures fell, for the actor's run of them: in the order the calls
-                # ran, unless an asyncio actor ran them at once.
-                first, longest, last = _failure_run(outcomes, stale) \
-                    if 0 < failed < ran and not self._actors[actor].asyncio else (-1, 0, 0)
-                drained = self.scheduler.complete(
-                    actor, task.started, ended, failed=failed, drain=self._drain_inline,
-                    calls=len(calls), method=_method_of(calls),
-                    timed=timed and ran > 0 and not stale,
-                    busy_s=task.busy_s * len(calls) / ran if 0 < ran < len(calls) else task.busy_s,
-                    failed_first=first, failed_longest=longest, failed_last=last)
+            drained = self._free_slots(task, calls, outcomes, ended, timed, lost)
             self._hand_on(drained, actor)
             metrics = self.metrics
             counted: list[tuple[str, str]] = []  # each call's method and outcome, for metrics
@@ -889,6 +902,38 @@ class Router:
             for call in calls:
                 call.fail(_copy(err))
 
+    def _free_slots(self, task: Task, calls: list[Call], outcomes: Sequence[int], ended: float,
+                    timed: bool, lost: bool) -> list[_native.Decision]:
+        """Free an ended task's slots. The calls that tell of the actor as it is now count as
+        its successes and failures, with the task's times; the others free their slots and
+        nothing more: calls cancelled, calls not run (`_NOT_RUN`), and calls lost by an earlier
+        incarnation (whose end may come after the restart) or by the mesh's own shutdown."""
+        actor, scheduler = task.actor, self.scheduler
+        stale = lost and (task.epoch != self.failures.epochs[actor] or self.closed)
+        if len(outcomes) == 1:  # a lone call, most of them
+            outcome = outcomes[0]
+            if outcome == _ray.CANCELLED or outcome in _NOT_RUN or (stale and outcome in _LOST):
+                return scheduler.release(actor, self._drain_inline, 1, True)
+            return scheduler.complete(actor, task.started, ended, 0 if outcome == _ray.OK else 1,
+                                      self._drain_inline, 1, calls[0].method_id,
+                                      timed and not stale, task.busy_s)
+        counts = [o for o in outcomes if o != _ray.CANCELLED and o not in _NOT_RUN
+                  and not (stale and o in _LOST)]
+        if not counts:
+            return scheduler.release(actor, self._drain_inline, len(calls), True)
+        if len(counts) < len(calls):
+            scheduler.release(actor, False, len(calls) - len(counts), False)
+        failed = sum(o != _ray.OK for o in counts)
+        run = (-1, 0, 0)  # how the failures fell: unknown, or all of them
+        if 0 < failed < len(counts):
+            # in the order the calls ran; an asyncio actor runs them at once: the most
+            # interleaved order they could have had
+            run = _failure_run(counts) if not self._actors[actor].asyncio else \
+                (0, -(-failed // (len(counts) - failed + 1)), 0)
+        return scheduler.complete(actor, task.started, ended, failed, self._drain_inline,
+                                  len(counts), _method_of(calls), timed and not stale,
+                                  task.busy_s, *run)
+
     def _settle(self, call: Call, outcome: int, task: Task, index: int,
                 error: BaseException | None) -> None:
         """Settle one call of an ended task: its value or its error, unless it goes again (it
@@ -897,6 +942,8 @@ class Router:
         if outcome in _NOT_RUN:  # never started: it goes again (alone, as Ray would run it)
             if outcome == SKIPPED:
                 self._alone.add(call.method)
+            elif outcome == RESEND and index == 0:
+                self._task_not_run(call.method, error)
             if outcome != DEFERRED:
                 call.rides = False
             _loop.post(self._retry, call)
@@ -918,6 +965,17 @@ class Router:
         else:
             call.fail(_copy(error))
 
+    def _task_not_run(self, method: str, error: BaseException | None) -> None:
+        """A task of `method`'s calls failed before running them (their calls go again alone).
+        An argument the actor cannot load does that once; a cause that stays (an actor whose
+        workers cannot run the library's runner) would do it to every task: after three, the
+        method's calls go alone, and the log says why."""
+        failures = self._tasks_not_run[method] = self._tasks_not_run.get(method, 0) + 1
+        if failures == 3:
+            self._alone.add(method)
+            log.warning("actormesh: three tasks of %s calls failed before running them (%s): "
+                        "its calls go alone from now on", method, error)
+
     def _retried(self, call: Call) -> bool:
         """A call whose actor was lost goes to another actor if it has retries left (a hedge
         copy: the call it copies)."""
@@ -933,9 +991,16 @@ class Router:
         return False
 
     def _retry(self, call: Call) -> None:
-        """Route a lost call again (loop thread), unless it was cancelled or timed out since:
-        such a call is never sent again."""
-        if not call.future.done():
+        """Route a call again (loop thread: lost, or not run), unless it was cancelled or timed
+        out since: such a call is never sent again (and is counted here). A call of `all` or
+        `shard` goes back to its own actor."""
+        if call.future.done():
+            error = call.future.exception()
+            if self.metrics is not None and isinstance(error, _CANCELS) and call.twin is None:
+                self.metrics.call_ended(call.method, _cancelled_name(error), 0.0)
+        elif call.target is None:
+            self.send(call.actor, call)
+        else:
             self.route(call)
 
     def _fail_decisions(self, decisions: Sequence[_native.Decision], error: BaseException) -> None:
@@ -959,6 +1024,7 @@ class Router:
             if call.future.set_exception(_copy(error)):
                 for copy in (call, call.twin):
                     if copy is not None and copy.task is not None:
+                        copy.task.cancels += 1
                         self.cancel_sent(copy.task)
 
     def cancel_sent(self, task: Task, settling: Result[Any] | None = None) -> None:
@@ -968,7 +1034,7 @@ class Router:
         synchronous actor runs its calls in order and its task runs to its end, its results
         dropped: Ray 2.60 cannot skip one without stalling the actor
         (`_ray.runs_calls_at_once`). Never a kill."""
-        if task.ref is None or task.ended() or not _ray.connected() \
+        if task.ref is None or task.ended() or task.stopping or not _ray.connected() \
                 or not _ray.runs_calls_at_once(self.handles[task.actor]):
             return
         if not all(c.future.done() or c.future is settling or c.task is not task
@@ -999,7 +1065,7 @@ class _ActorKind:
     """What the router knows of one actor: whether it runs tasks of several calls (and how),
     and its methods that must go alone."""
 
-    __slots__ = ("runner", "streams", "batches", "asyncio", "alone_methods")
+    __slots__ = ("runner", "streams", "batches", "asyncio", "alone_methods", "no_reply")
 
     def __init__(self, handle: Any) -> None:
         methods = _ray.method_names(handle)
@@ -1010,6 +1076,7 @@ class _ActorKind:
         # controls (cancel, its bound): its calls go alone.
         self.batches = self.runner or not _ray.runs_calls_at_once(handle)
         self.alone_methods = _ray.methods_with_options(handle)
+        self.no_reply = _ray.methods_without_returns(handle)
 
     def wire(self, calls: list[Call], router: Router) -> int:
         """How a task of `calls` travels to this actor."""
@@ -1022,11 +1089,14 @@ class _ActorKind:
 
 def _expected_s(calls: list[Call], scheduler: _native.Scheduler) -> float:
     """How long the calls are expected to take one after another (unmeasured: long)."""
-    total = 0.0
+    total = latency = 0.0
+    method = -1
     for call in calls:
-        latency = scheduler.method_latency_s(call.method_id)
-        if math.isnan(latency):
-            return math.inf
+        if call.method_id != method:  # a task's calls mostly share one
+            method = call.method_id
+            latency = scheduler.method_latency_s(method)
+            if math.isnan(latency):
+                return math.inf
         total += latency
     return total
 
@@ -1039,14 +1109,12 @@ def _ends_hedged_call(copy: Call, twin: Call, settled_before: bool) -> bool:
     return copy.future.exception() is not None and (twin.task is None or twin.task.ended())
 
 
-def _failure_run(outcomes: Sequence[int], stale: bool) -> tuple[int, int, int]:
+def _failure_run(outcomes: Sequence[int]) -> tuple[int, int, int]:
     """The failed calls a task began with, its longest run of them and those it ended with, in
-    the order of `outcomes` (calls not run, and with `stale` lost ones, are no outcome)."""
+    the order of `outcomes`."""
     first = longest = run = 0
     succeeded = False
     for outcome in outcomes:
-        if outcome in _NOT_RUN or (stale and outcome in _LOST):
-            continue
         if outcome == _ray.OK:
             succeeded, run = True, 0
             continue
@@ -1055,6 +1123,14 @@ def _failure_run(outcomes: Sequence[int], stale: bool) -> tuple[int, int, int]:
         if not succeeded:
             first = run
     return first, longest, run
+
+
+def _bound_s(calls: list[Call], scheduler: _native.Scheduler) -> float:
+    """How long a task of `calls` that returns them together may run before it starts no more
+    of them (`_runner.UNSTREAMED_S`): that, or twice their expected time if longer; none for
+    calls of unknown speed."""
+    expected = _expected_s(calls, scheduler)
+    return max(STREAM_ABOVE_S, 2.0 * expected) if expected != math.inf else math.inf
 
 
 def _method_of(calls: list[Call]) -> int:
@@ -1071,11 +1147,12 @@ def _task_name(calls: list[Call]) -> str:
 
 def _lone_value(out: Any) -> Any:
     """The value of a Ray call made alone: its return; a tuple of a method's several returns;
-    an iterator over a generator's values (all read: the call has ended)."""
+    the list of a generator's values (all there: the call has ended; a list, not an iterator,
+    so that every reader of the call's future reads them all)."""
     if isinstance(out, list):
         return tuple(_ray.get(out))
     if isinstance(out, ObjectRefGenerator):
-        return iter([_ray.get(ref) for ref in out])
+        return [_ray.get(ref) for ref in out]
     return _ray.get(out)
 
 

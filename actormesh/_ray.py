@@ -370,3 +370,11 @@ def methods_with_options(handle: Any) -> set[str]:
             if value not in default:
                 alone.add(name)
     return alone
+
+
+def methods_without_returns(handle: Any) -> set[str]:
+    """The methods of the actor behind `handle` made with `@ray.method(num_returns=0)`: their
+    calls return no ObjectRef, so nothing tells when one ends."""
+    returns = getattr(handle, "_ray_method_num_returns", None)
+    return {name for name, n in (returns.items() if isinstance(returns, dict) else ())
+            if n == 0}

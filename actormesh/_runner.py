@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import pickle
 import time
 import traceback
@@ -82,10 +83,11 @@ class Deferred:
 
 
 UNSTREAMED_S = 0.05
-"""A task expected to run longer than this is streamed (each call reported as it ends); one that
-returns its calls together and runs in order stops starting calls once it has run this long,
-so that what an actor dying in it takes with it stays that of a lone call, whatever the
-calls' expected time said."""
+"""A task expected to run longer than this is streamed (each call reported as it ends). One that
+returns its calls together and runs in order is given a bound (`run_in_order`'s `bound_s`):
+this, or twice its expected time if longer; past it, it starts no more calls, so that what an
+actor dying in it takes with it stays about a lone call's, whatever the calls' expected time
+said."""
 
 Packed = bytes | Raised | Skipped | Deferred
 Listed = tuple[float, list[Packed]]
@@ -194,13 +196,13 @@ async def _await_one(instance: Any, name: str, args: tuple[Any, ...], kwargs: di
 
 
 # -- the task, in the actor -----------------------------------------------------------------------
-def run_in_order(instance: Any, items: Sequence[Item]) -> Listed:
+def run_in_order(instance: Any, items: Sequence[Item], bound_s: float = math.inf) -> Listed:
     """A synchronous actor: each call in turn, as Ray would run them; the calls not started
-    once the task has run `UNSTREAMED_S` are `Deferred`."""
+    once the task has run `bound_s` are `Deferred`."""
     start = time.perf_counter()
     packed: list[Packed] = []
     for item in items:
-        if packed and time.perf_counter() - start > UNSTREAMED_S:
+        if packed and time.perf_counter() - start > bound_s:
             packed.extend(Deferred() for _ in range(len(items) - len(packed)))
             break
         packed.append(_run_one(instance, *item))
@@ -249,10 +251,10 @@ async def stream_concurrently(instance: Any, items: Sequence[Item],
             task.cancel()
 
 
-def run_in_actor(instance: Any, items: Sequence[Item]) -> Listed:
+def run_in_actor(instance: Any, items: Sequence[Item], bound_s: float = math.inf) -> Listed:
     """A task for an actor made elsewhere, through `handle.__ray_call__` (only actors that run
     calls in order take tasks of several calls: `_calls.Router`)."""
-    return run_in_order(instance, items)
+    return run_in_order(instance, items, bound_s)
 
 
 # -- on the driver --------------------------------------------------------------------------------

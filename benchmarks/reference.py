@@ -408,6 +408,11 @@ class Scheduler:
         if not 0 <= failed <= calls:
             raise ValueError(f"complete(actor={actor}, calls={calls}): failed {failed}: "
                              "must be in [0, calls]")
+        if failed_first >= 0 and not (failed_first <= failed_longest <= failed
+                                      and failed_last <= failed_longest):
+            raise ValueError(f"complete(actor={actor}, failed={failed}): failed_first "
+                             f"{failed_first}, failed_longest {failed_longest}, failed_last "
+                             f"{failed_last}: runs of failed calls that cannot be")
         self._see_time(ended_s)
         was = self._eligible(actor)
         rating = self._rating(actor)

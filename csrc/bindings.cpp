@@ -470,10 +470,12 @@ NB_MODULE(_native, m) {
             const int64_t count = failed_calls(failed);
             actormesh::FailureRun run;
             if (failed_first >= 0) {
-              if (failed_longest < 0 || failed_last < 0 || failed_longest > calls) {
+              if (failed_first > calls || failed_longest < 0 || failed_longest > calls ||
+                  failed_last < 0 || failed_last > calls) {
                 throw std::invalid_argument(
-                    "complete: failed_longest " + std::to_string(failed_longest) +
-                    ", failed_last " + std::to_string(failed_last) + ": must be in [0, calls]");
+                    "complete: failed_first " + std::to_string(failed_first) +
+                    ", failed_longest " + std::to_string(failed_longest) + ", failed_last " +
+                    std::to_string(failed_last) + ": each must be in [0, failed]");
               }
               run = actormesh::FailureRun{failed_first, static_cast<uint32_t>(failed_longest),
                                static_cast<uint32_t>(failed_last)};

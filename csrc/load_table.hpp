@@ -201,6 +201,7 @@ class LoadTable {
       a.failures_in_a_row =
           std::min(a.failures_in_a_row, static_cast<uint32_t>(a.run_ends_with));
       a.run_ends_with = -1;
+      if (!a.ejected) a.ejections = 0;  // a success, after the ejection its run may have made
     }
   }
 
@@ -305,8 +306,7 @@ class LoadTable {
     if (run.known() && succeeded > 0) {
       a.failures_in_a_row = std::max(a.failures_in_a_row + static_cast<uint32_t>(run.first),
                                      run.longest);
-      a.run_ends_with = run.last;
-      if (!a.ejected) a.ejections = 0;
+      a.run_ends_with = run.last;  // and the ejections reset by its success: `end_run`
     } else if (run.known() || succeeded < failed) {
       a.failures_in_a_row = failed + (succeeded == 0 ? a.failures_in_a_row : 0);
     } else {

@@ -161,6 +161,10 @@ class Returns:
     def pair(self, x: int) -> tuple[int, int]:
         return x, -x
 
+    @ray.method(num_returns=0)
+    def fire_and_forget(self) -> None:
+        pass
+
 
 class Yields:
     """A mesh actor with a generator method."""

@@ -87,7 +87,10 @@ def test_calls_riding_a_task_that_outruns_its_expected_time_are_not_started_in_i
     blocked.get(timeout=60)
     assert am.get(futures, timeout=60) == list(range(5))
     assert ray.get(counter.executions.remote(), timeout=60) == list(range(5))  # once each
-    assert all(f._calls[0].task is not futures[0]._calls[0].task for f in futures[1:])
+    first = futures[0]._calls[0].task
+    assert first is not None and len(first.results) == 5  # they rode one task,
+    assert [type(r).__name__ for r in first.results[1:]] == ["Deferred"] * 4  # not started
+    assert all(f._calls[0].task is not first for f in futures[1:])  # and went again
 
 
 def test_a_value_that_cannot_be_pickled_fails_its_own_call_only(
@@ -249,7 +252,7 @@ def test_generators_and_methods_of_several_returns_give_their_values_and_hold_th
     ray_cluster: None,
 ) -> None:
     """A method Ray runs as a generator, or with `num_returns=2`, goes alone (its own Ray call):
-    `get()` gives an iterator over the values it yielded, or the tuple of its returns, alone
+    `get()` gives the list of the values it yielded, or the tuple of its returns, alone
     or after waiting for a slot; its slot is held until the Ray call ends."""
     actor = Returns.remote()
     mesh = am.ActorMesh.from_actors([actor], balancer=ONE_TASK, max_in_flight=1)
@@ -265,6 +268,28 @@ def test_generators_and_methods_of_several_returns_give_their_values_and_hold_th
         assert list(running.get(timeout=60)) == [1, 2]
         assert list(waiting[0].get(timeout=60)) == [0, 1]
         assert waiting[1].get(timeout=60) == (6, -6)
+        assert mesh.load() == [0]
+    finally:
+        mesh.shutdown()
+        ray.kill(actor)
+
+
+def test_a_generator_call_gives_every_reader_all_its_values(ray_cluster: None) -> None:
+    with am.ActorMesh(Yields, shape=1, num_cpus=0.1) as mesh:
+        future = mesh.methods.counted.choose(3)
+        assert ray.get(future.ref, timeout=60) == [0, 1, 2]
+        assert future.get(timeout=60) == [0, 1, 2]
+        assert future.get(timeout=60) == [0, 1, 2]  # every reader gets them all
+
+
+def test_a_method_that_returns_nothing_ray_can_wait_on_is_refused_by_name(
+    ray_cluster: None,
+) -> None:
+    actor = Returns.remote()
+    mesh = am.ActorMesh.from_actors([actor])
+    try:
+        with pytest.raises(TypeError, match="fire_and_forget is a Ray method with num_returns=0"):
+            mesh.methods.fire_and_forget.choose()
         assert mesh.load() == [0]
     finally:
         mesh.shutdown()
@@ -348,6 +373,44 @@ def test_a_call_riding_with_one_that_timed_out_returns_at_its_end_and_the_task_t
         assert rider.get(timeout=30) is None  # though the call it rode with never ends
         wait_until(lambda: mesh.load() == [0])
         assert mesh.methods.cancelled_calls.choose().get(timeout=60) == 1
+
+
+def test_calls_timed_out_in_a_task_whose_rider_ran_are_no_failures_of_the_actor(
+    ray_cluster: None,
+) -> None:
+    with am.ActorMesh(Gated, shape=2, num_cpus=0.1, balancer=ONE_TASK) as mesh:
+        for _ in range(2):
+            mesh.methods.cancelled_calls.all().get(timeout=60)
+        one = mesh[0]
+        held, never, other = signal(), signal(), signal()
+        blocked = one.methods.block.choose(held)
+        waiters(held, 1)
+        stuck = [one.methods.gate.options(timeout=0.5).choose(never) for _ in range(5)]
+        rider = one.methods.block.choose(other)
+        held.send.remote()
+        blocked.get(timeout=60)
+        waiters(never, 5)
+        for call in stuck:
+            with pytest.raises(am.MeshTimeoutError):
+                call.get(timeout=60)
+        other.send.remote()
+        assert rider.get(timeout=30) is None
+        wait_until(lambda: mesh.load() == [0, 0])  # the task was cancelled once the rider ran
+        assert not any(actor.ejected for actor in mesh.load().actors)  # 5 timeouts, no failure
+        assert mesh.stats()["calls"]["gate"]["timeout"] == 5
+
+
+def test_a_call_of_all_on_an_asyncio_actor_whose_argument_it_cannot_load_fails_as_alone(
+    ray_cluster: None,
+) -> None:
+    """A task that failed before running its calls sends each again alone, to its own actor
+    for a call of `all`."""
+    with am.ActorMesh(Peaked, shape=2, num_cpus=0.1) as mesh:
+        bad: Any = LoadsNowhere(1)
+        with pytest.raises(am.MeshError, match="cannot be loaded"):
+            mesh.methods.work.all(bad).get(timeout=60)
+        assert list(mesh.methods.work.all(3).get(timeout=60)) == [3, 3]
+        assert mesh.load() == [0, 0]
 
 
 def test_cancelling_the_task_that_awaits_a_call_cancels_the_call_in_its_actor(

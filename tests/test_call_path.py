@@ -749,11 +749,12 @@ def test_a_cancel_ray_drops_goes_again_while_the_task_runs_and_never_after_it_en
     assert_idle(h)
 
     cancels.clear()
+    monkeypatch.setattr(_calls, "_CANCEL_AGAIN_S", (0.3,))  # the test ends it first
     ended = h.method().choose(2)
     [ref] = h.pending(0)
     ended.cancel()
     h.finish(ref, kind=_ray.CANCELLED, error=TaskCancelledError())
-    loop_passed(0.2)
+    loop_passed(0.5)
     assert cancels == [ref]  # it ended: never cancelled again
     assert_idle(h)
 
@@ -1386,6 +1387,34 @@ def test_a_call_cancelled_while_its_value_is_read_raises_its_cancellation() -> N
     with pytest.raises(cf.CancelledError):
         future.get(timeout=5)
     h.finish(ref, "late")
+    assert_idle(h)
+
+
+def test_tasks_that_fail_before_running_send_their_calls_alone_and_after_three_the_method(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A task that failed before running a call (its arguments could not be loaded in the
+    actor) sends each call again alone, once; a cause that stays would do it to every task:
+    after three, the method's calls go alone, and the log says why."""
+    h = Harness(1, balancer=ONE_TASK, coalesce=8)
+    for _ in range(3):
+        futures = queue_behind_one(h, 1, 2)
+        h.finish(h.pending(0)[0], "first")
+        [batch] = h.pending(0)
+        assert batch.method == _runner.BATCH
+        h.finish(batch, error=raised("cannot be loaded"))
+        for value in (1, 2):  # each again alone, one task at a time
+            [ref] = h.pending(0)
+            assert ref.method == "f" and ref.args == (value,)
+            h.finish(ref, value)
+        assert [f.get(timeout=5) for f in futures] == [1, 2]
+    assert "three tasks of f calls failed before running them" in caplog.text
+    futures = queue_behind_one(h, 3, 4)
+    h.finish(h.pending(0)[0], "first")
+    assert [r.method for r in h.pending(0)] == ["f"]  # alone from now on
+    h.finish_all(0, 3)
+    h.finish_all(0, 4)
+    assert [f.get(timeout=5) for f in futures] == [3, 4]
     assert_idle(h)
 
 

@@ -1093,14 +1093,28 @@ def test_a_failed_task_counts_each_of_its_calls_towards_ejection() -> None:
     assert s.ejected() == [True, False]
 
 
-def _ended_in_order(s: Scheduler, outcomes: str) -> None:
+def _ended_in_order(s: Scheduler, outcomes: str, at: float = 1.0) -> None:
     """Actor 0 ran a task whose calls went `outcomes` in order ("." a success, "x" a failure),
     and `complete` is told how the failures fell."""
     runs = [len(run) for run in outcomes.split(".")]
     for _ in outcomes:
         s.acquire(0)
-    s.complete(0, 1.0, 1.01, outcomes.count("x"), calls=len(outcomes),
+    s.complete(0, at, at + 0.01, outcomes.count("x"), calls=len(outcomes),
                failed_first=runs[0], failed_longest=max(runs), failed_last=runs[-1])
+
+
+def test_an_ejection_decided_inside_a_task_keeps_its_back_off_growing() -> None:
+    s = Scheduler(2, "least_loaded", eject_after=2, eject_base_s=1.0)
+    fail_calls(s, 0, 2, at=1.0)  # ejected for 1 s
+    assert s.ejected() == [True, False]
+    s.acquire(1)
+    s.complete(1, 2.5, 2.5, 0)  # a completion past its end: re-admitted
+    assert s.ejected() == [False, False]
+    _ended_in_order(s, "xx..", at=3.0)  # two in a row before its successes: out again, 2 s
+    assert s.ejected() == [True, False]
+    s.acquire(1)
+    s.complete(1, 4.5, 4.5, 0)
+    assert s.ejected() == [True, False]  # 1.5 s later: still out (the back-off doubled)
 
 
 def test_failures_in_known_order_move_the_run_as_calls_sent_one_by_one_would() -> None:
