@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import ray
@@ -29,7 +29,20 @@ from workers import signal, wait_until, waiters
 import actormesh as am
 
 # One task per actor, so that calls wait behind it, and a budget that never splits a batch.
+T = TypeVar("T")
 ONE_TASK = am.Policy("adaptive", max_tasks=1, batch_budget_s=60.0)
+
+
+def queued_behind_a_held_call(one: am.ActorMesh[Any], make: Callable[[], list[T]]) -> list[T]:
+    """`make()`'s calls, made while `one`'s actor is held by a call blocked on a signal (so
+    they wait and then ride together), the actor released once they are made."""
+    sig = signal()
+    blocked = one.methods.block.choose(sig)
+    waiters(sig, 1)
+    futures = make()
+    sig.send.remote()
+    blocked.get(timeout=60)
+    return futures
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +93,8 @@ def test_calls_riding_a_task_that_outruns_its_expected_time_are_not_started_in_i
     a lone call's."""
     one = pair[0]
     counter = Counter.remote()
-    sig = signal()
-    blocked = one.methods.block.choose(sig)
-    waiters(sig, 1)
-    futures = [one.methods.slow.choose(x, 0.06 if x == 0 else 0.0, counter) for x in range(5)]
-    sig.send.remote()
-    blocked.get(timeout=60)
+    futures = queued_behind_a_held_call(one, lambda: [
+        one.methods.slow.choose(x, 0.06 if x == 0 else 0.0, counter) for x in range(5)])
     assert am.get(futures, timeout=60) == list(range(5))
     assert ray.get(counter.executions.remote(), timeout=60) == list(range(5))  # once each
     first = futures[0]._calls[0].task
@@ -98,12 +107,8 @@ def test_a_value_that_cannot_be_pickled_fails_its_own_call_only(
     pair: am.ActorMesh[Logged],
 ) -> None:
     one = pair[0]
-    sig = signal()
-    blocked = one.methods.block.choose(sig)
-    waiters(sig, 1)
-    futures = [one.methods.value.choose(x) for x in (1, -1, 3)]
-    sig.send.remote()
-    blocked.get(timeout=60)
+    futures = queued_behind_a_held_call(
+        one, lambda: [one.methods.value.choose(x) for x in (1, -1, 3)])
     assert futures[0].get(timeout=60) == 1 and futures[2].get(timeout=60) == 3
     with pytest.raises(am.ActorError, match="cannot be serialized"):
         futures[1].get(timeout=60)
@@ -114,12 +119,8 @@ def test_a_base_exception_of_the_users_own_fails_its_own_call_only(
     pair: am.ActorMesh[Logged],
 ) -> None:
     one = pair[0]
-    sig = signal()
-    blocked = one.methods.block.choose(sig)
-    waiters(sig, 1)
-    futures = [one.methods.aborting.choose(x) for x in (1, 2, -1, 4)]
-    sig.send.remote()
-    blocked.get(timeout=60)
+    futures = queued_behind_a_held_call(
+        one, lambda: [one.methods.aborting.choose(x) for x in (1, 2, -1, 4)])
     assert [futures[i].get(timeout=60) for i in (0, 1, 3)] == [1, 2, 4]
     with pytest.raises(am.ActorError, match="Abort: abort -1"):
         futures[2].get(timeout=60)
@@ -136,12 +137,8 @@ def test_an_argument_the_actor_cannot_load_fails_its_own_call_only(
     bad: Any = LoadsNowhere(7)
     with pytest.raises(am.MeshError) as alone:
         one.methods.value.choose(bad).get(timeout=60)
-    sig = signal()
-    blocked = one.methods.block.choose(sig)
-    waiters(sig, 1)
-    futures = [one.methods.value.choose(x) for x in (1, bad, 3, 4)]
-    sig.send.remote()
-    blocked.get(timeout=60)
+    futures = queued_behind_a_held_call(
+        one, lambda: [one.methods.value.choose(x) for x in (1, bad, 3, 4)])
     assert [futures[i].get(timeout=60) for i in (0, 2, 3)] == [1, 3, 4]
     with pytest.raises(type(alone.value), match="cannot be loaded"):
         futures[1].get(timeout=60)
