@@ -690,12 +690,7 @@ class Router:
         for call in calls:
             call.ticket = 0
             if call.future.done():
-                error = call.future.exception()
-                if self.metrics is not None and isinstance(error, _CANCELS) \
-                        and call.twin is None:  # (a hedge's copy: its call is counted)
-                    # cancelled or timed out once given its slot, never sent: counted here,
-                    # as `cancel` counts one it takes out of the queue
-                    self.metrics.call_ended(call.method, _cancelled_name(error), 0.0)
+                self._count_unsent(call)
                 continue
             live.append(call)
         if len(live) < len(calls):
@@ -723,26 +718,34 @@ class Router:
                 call.args, call.kwargs = (), _NO_KWARGS
 
     def _send(self, task: Task) -> None:
-        """The task's one Ray call, and the callback that ends it."""
-        actor, calls = task.actor, task.calls
-        handle = self.handles[actor]
+        """The task's one Ray call, and the callback that ends it: as its wire says."""
         task.started = time.perf_counter()
         if task.wire == LONE:
-            call = calls[0]
-            if call.fn is None:
-                remote = self._remote.get((actor, call.method))
-                if remote is None:
-                    remote = self._remote[(actor, call.method)] = getattr(handle, call.method)
-                task.out = remote.remote(*call.args, **call.kwargs)
-                # Several returns, or a generator's (the method's Ray options): ended with
-                # the task's first return, or the generator's end.
-                task.ref = _first_ref(task.out, call.method) \
-                    if isinstance(task.out, (list, ObjectRefGenerator)) else task.out
-            else:
-                task.out = call.fn(handle, *call.args)
-                task.ref = _first_ref(task.out, call.method)
-            task.ref._on_ready(task._ready)
-            return
+            self._send_lone(task)
+        else:
+            self._send_to_runner(task)
+
+    def _send_lone(self, task: Task) -> None:
+        """LONE: the call is the Ray call of its method (or the one its `fn` makes)."""
+        call, handle = task.calls[0], self.handles[task.actor]
+        if call.fn is None:
+            remote = self._remote.get((task.actor, call.method))
+            if remote is None:
+                remote = self._remote[(task.actor, call.method)] = getattr(handle, call.method)
+            task.out = remote.remote(*call.args, **call.kwargs)
+            # Several returns, or a generator's (the method's Ray options): ended with the
+            # task's first return, or the generator's end.
+            task.ref = _first_ref(task.out, call.method) \
+                if isinstance(task.out, (list, ObjectRefGenerator)) else task.out
+        else:
+            task.out = call.fn(handle, *call.args)
+            task.ref = _first_ref(task.out, call.method)
+        task.ref._on_ready(task._ready)
+
+    def _send_to_runner(self, task: Task) -> None:
+        """LIST or STREAM: the calls go to the library's runner in the actor (`_runner`)."""
+        actor, calls = task.actor, task.calls
+        handle = self.handles[actor]
         items = [(c.method, c.args, c.kwargs) for c in calls]
         name = _task_name(calls)
         if task.wire == STREAM:
@@ -754,17 +757,17 @@ class Router:
             for reported in _ray.stream_refs(task.out, len(calls)):
                 reported._on_completed(task._reported)
             task.ref._on_completed(task._stream_ended)
+            return
+        bound = _bound_s(calls, self.scheduler)
+        kwargs = None if bound == math.inf else {"bound_s": bound}
+        if self._actors[actor].runner:
+            task.ref = getattr(handle, _runner.BATCH)._remote(
+                args=(items,), kwargs=kwargs, name=name, max_task_retries=0)
         else:
-            bound = _bound_s(calls, self.scheduler)
-            kwargs = None if bound == math.inf else {"bound_s": bound}
-            if self._actors[actor].runner:
-                task.ref = getattr(handle, _runner.BATCH)._remote(
-                    args=(items,), kwargs=kwargs, name=name, max_task_retries=0)
-            else:
-                task.ref = handle.__ray_call__._remote(
-                    args=(_runner.run_in_actor, items), kwargs=kwargs, name=name,
-                    max_task_retries=0)
-            task.ref._on_completed(task._listed)
+            task.ref = handle.__ray_call__._remote(
+                args=(_runner.run_in_actor, items), kwargs=kwargs, name=name,
+                max_task_retries=0)
+        task.ref._on_completed(task._listed)
 
     def _unsendable(self, task: Task, error: BaseException) -> None:
         """The task could not be sent: a lone call fails with `error`; each call of a task of
@@ -995,13 +998,18 @@ class Router:
         out since: such a call is never sent again (and is counted here). A call of `all` or
         `shard` goes back to its own actor."""
         if call.future.done():
-            error = call.future.exception()
-            if self.metrics is not None and isinstance(error, _CANCELS) and call.twin is None:
-                self.metrics.call_ended(call.method, _cancelled_name(error), 0.0)
+            self._count_unsent(call)
         elif call.target is None:
             self.send(call.actor, call)
         else:
             self.route(call)
+
+    def _count_unsent(self, call: Call) -> None:
+        """Count a call cancelled or timed out after it left the queue, never (again) sent, as
+        `cancel` counts one it takes out of the queue (a hedge's copy: its call is counted)."""
+        error = call.future.exception()
+        if self.metrics is not None and isinstance(error, _CANCELS) and call.twin is None:
+            self.metrics.call_ended(call.method, _cancelled_name(error), 0.0)
 
     def _fail_decisions(self, decisions: Sequence[_native.Decision], error: BaseException) -> None:
         for decision in decisions:

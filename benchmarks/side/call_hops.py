@@ -14,9 +14,11 @@ Ray and the test's code are not counted; `_loop`'s thread plumbing is counted li
 
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -48,6 +50,7 @@ class Trace:
         self.entered: list[tuple[str, str, str | None]] = []  # (file, function, caller's file)
         self.native: list[str] = []
         self.sources: dict[tuple[str, str], int] = {}
+        self.code: dict[tuple[str, str], int] = {}  # the same, less docstrings, comments, blanks
         self._lock = threading.Lock()
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -81,9 +84,11 @@ class Trace:
             self.entered.append((name, function, caller_file))
             if key not in self.sources:
                 try:
-                    self.sources[key] = len(inspect.getsourcelines(frame.f_code)[0])
+                    source = inspect.getsourcelines(frame.f_code)[0]
                 except (OSError, TypeError):
-                    self.sources[key] = 0
+                    source = []
+                self.sources[key] = len(source)
+                self.code[key] = _code_lines(source)
 
     def drop_tail(self) -> None:
         """Forget the tracing's own plumbing (installing the profiler on the loop thread) and
@@ -98,9 +103,11 @@ class Trace:
         files = sorted({file for file, _, _ in self.entered})
         functions = list(dict.fromkeys((f, fn) for f, fn, _ in self.entered))
         lines = sum(self.sources[key] for key in functions)
+        code = sum(self.code[key] for key in functions)
         print(f"\n{title}")
         print(f"  {len(functions)} functions, {hops} cross-file hops over {len(files)} files "
-              f"({', '.join(files)}), {lines} lines of source, "
+              f"({', '.join(files)}), {lines} lines of source ({code} of code: no docstring, "
+              f"comment or blank line), "
               f"{len(self.native)} native crossings ({', '.join(self.native)})")
         for file, function in functions:
             print(f"    {file}:{function} ({self.sources[(file, function)]} lines)")
@@ -108,6 +115,26 @@ class Trace:
         for file, function, caller in self.entered:
             if caller is not None and caller != file:
                 print(f"    {caller} -> {file}:{function}")
+
+
+def _code_lines(source: list[str]) -> int:
+    """The lines of a function's `source` that are code: not its docstring, a comment or blank."""
+    if not source:
+        return 0
+    skip: set[int] = set()
+    try:
+        tree = ast.parse(textwrap.dedent("".join(source)))
+    except SyntaxError:
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            end = body[0].end_lineno or body[0].lineno
+            skip.update(range(body[0].lineno, end + 1))
+    return sum(1 for i, line in enumerate(source, 1)
+               if i not in skip and line.strip() and not line.strip().startswith("#"))
 
 
 # What Ray's completion thread runs of the library: its callbacks on a task's ObjectRefs (and,
