@@ -73,8 +73,9 @@ class Policy:
     wait for another that a bound would hold back): calls
     that find no actor with a free task slot wait in the mesh's queue, and ride together (see
     `ActorMesh(coalesce=)`) when a slot frees. A task beyond an actor's first waits behind the
-    running one, hiding the round trip, so it is sent only while the actor's calls are measured
-    shorter than `pipeline_s` (or take the same time each), or, with `pipeline_backlog`, while
+    running one, hiding the round trip, so it is sent (over actors that run one call at a time;
+    over the others it runs beside the first, whenever `max_tasks` allows) only while the
+    actor's calls are measured shorter than `pipeline_s` (or take the same time each), or, with `pipeline_backlog`, while
     twice as many calls wait in the mesh's queue as the (sub-)mesh has actors: each waits
     through several ends then anyway, and an actor that starts the next call without idling
     for the round trip drains the queue sooner (never behind an actor measured slower than the
@@ -186,6 +187,8 @@ class Policy:
         derived: _native.SchedulerSettings = {
             "max_in_flight": self.slots(),
             "max_tasks": self.tasks(concurrent),
+            # over actors that run calls at once a second task runs beside the first
+            "pipeline_s": 0.0 if concurrent else self.pipeline_s,
             "coalesce": coalesce,
             "seed": self.seed if self.seed is not None else random.getrandbits(63),
             "prior_s": self.prior_s or 0.0,

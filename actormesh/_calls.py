@@ -662,16 +662,16 @@ class Router:
     def route(self, call: Call) -> None:
         """Let the scheduler pick the actor for `call`, now or when a slot frees."""
         if self.closed:
-            call.fail(MeshError(f"{call.method}: the mesh is shut down"))
+            self._fail_unsent(call, MeshError(f"{call.method}: the mesh is shut down"))
             return
         try:
             decision = self.scheduler.submit(call.group, call.affinity, call,
                                              time.perf_counter(), call.method_id, not call.rides)
         except _native.NoLiveActors as err:
-            call.fail(NoLiveActorsError(f"{call.method}: {err}"))
+            self._fail_unsent(call, NoLiveActorsError(f"{call.method}: {err}"))
             return
         except Exception as err:  # a Python Balancer raised or returned a bad index
-            call.fail(err)
+            self._fail_unsent(call, err)
             return
         if decision.actor >= 0:
             self.send_task(decision.actor, [call])  # refused there if Ray is not running
@@ -778,7 +778,7 @@ class Router:
         self._give_back(task.actor, len(calls))
         if len(calls) == 1 or not _ray.connected():
             for call in calls:
-                call.fail(error)
+                self._fail_unsent(call, error)
             return
         for call in calls:
             call.rides = False
@@ -1014,7 +1014,13 @@ class Router:
     def _fail_decisions(self, decisions: Sequence[_native.Decision], error: BaseException) -> None:
         for decision in decisions:
             for call in decision.payloads:
-                call.fail(_copy(error))
+                self._fail_unsent(call, _copy(error))
+
+    def _fail_unsent(self, call: Call, error: BaseException) -> None:
+        """Fail a call that was never sent (no actor for it, the mesh shut down, Ray refused
+        the send): it ended, with an error and after no time, and is counted so."""
+        if call.future.set_exception(error) and self.metrics is not None and call.twin is None:
+            self.metrics.call_ended(call.method, "error", 0.0)
 
     # -- cancellation, timeouts, shutdown ------------------------------------------------------
     def cancel(self, calls: Sequence[Call], error: BaseException) -> None:

@@ -229,7 +229,9 @@ class ActorMesh(Selectable, Generic[T]):
                              "were given")
         check_timeout("restart_timeout_s", restart_timeout_s)
         scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
-                                   concurrent=any(_ray.runs_calls_at_once(h) for h in handles))
+                                   concurrent=any(_ray.runs_calls_at_once(h)
+                                                  or _ray.runs_groups_at_once(h)
+                                                  for h in handles))
         class_name = _ray.class_name(handles[0])
         ActorStates.get().start()
         mesh: ActorMesh[T] = object.__new__(ActorMesh)
@@ -582,8 +584,10 @@ class _Methods:
                 arguments = Arguments.of(root.cls, name)
             elif root.record is not None:
                 dispatch, alone = root.record.method(name)
+                arguments = Arguments.of_handle(root.class_name, root.router.handles[0], name)
             elif name in root.method_names and not name.startswith("__"):
                 dispatch = None
+                arguments = Arguments.of_handle(root.class_name, root.router.handles[0], name)
             else:
                 raise AttributeError(f"{root.class_name} has no method {name!r}")
             options = CallOptions(dispatch=dispatch)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, Protocol, TypeVar, 
 import ray
 from typing_extensions import ParamSpec, Self
 
-from . import _hedge, _loop, _share
+from . import _hedge, _loop, _ray, _share
 from ._calls import Call, Result, Router
 from ._future import MeshFuture, ValueMesh
 from ._map import MeshMap
@@ -309,11 +309,9 @@ class Arguments:
 
     __slots__ = ("_label", "_signature", "_names", "_most", "_least")
 
-    def __init__(self, label: str, fn: Callable[..., Any]) -> None:
-        # Without `self`, annotations, and the tracing context Ray adds to actor methods.
-        params = [p.replace(annotation=p.empty)
-                  for p in list(inspect.signature(fn).parameters.values())[1:]
-                  if p.name != "_ray_trace_ctx"]
+    def __init__(self, label: str, parameters: Sequence[inspect.Parameter]) -> None:
+        # Without annotations, and without the tracing context Ray adds to actor methods.
+        params = [p.replace(annotation=p.empty) for p in parameters if p.name != "_ray_trace_ctx"]
         self._label = label
         self._signature = inspect.Signature(params)
         simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
@@ -330,9 +328,18 @@ class Arguments:
         if isinstance(attr, (staticmethod, classmethod)) or not callable(attr):
             return None
         try:
-            return Arguments(f"{owner.__name__}.{name}", attr)
+            parameters = list(inspect.signature(attr).parameters.values())[1:]  # not `self`
         except (TypeError, ValueError):  # a builtin or C method: Ray checks its calls
             return None
+        return Arguments(f"{owner.__name__}.{name}", parameters)
+
+    @staticmethod
+    def of_handle(class_name: str, handle: Any, name: str) -> Arguments | None:
+        """The parameters of method `name` of the actor behind `handle`, as Ray recorded them
+        when the actor's class was made (an actor made elsewhere: Ray checks a call of its own
+        against them, a call that waited and rides a task with others is checked here)."""
+        parameters = _ray.method_parameters(handle, name)
+        return None if parameters is None else Arguments(f"{class_name}.{name}", parameters)
 
     def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not kwargs and self._least <= len(args) <= self._most:

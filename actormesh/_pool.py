@@ -147,7 +147,8 @@ class ActorPool(Generic[T]):
     - A method that raised reaches you as Ray raises it (`ray.exceptions.RayTaskError`, also
       an instance of the method's exception class); a dead actor as `am.ActorDiedError`.
     - A pool with no actor at all (emptied with `pop_idle`) keeps submissions until `push`
-      gives it one, as Ray's does; `has_next()` counts them.
+      gives it one, as Ray's does; as in Ray's, they are no pending results until then
+      (`has_next()` is False, `get_next` raises StopIteration).
 
     Like Ray's pool, it is meant to be driven from one thread.
     """
@@ -288,8 +289,12 @@ class ActorPool(Generic[T]):
 
     # -- results -----------------------------------------------------------------------------
     def has_next(self) -> bool:
-        """Whether some submitted result has not been returned yet."""
-        return bool(self._tasks)
+        """Whether some submitted result has not been returned yet, as Ray's pool counts them:
+        not a submission still waiting for the pool to have an actor at all (after `pop_idle`
+        took the last one), which comes once an actor is pushed."""
+        if not self._unrouted:
+            return bool(self._tasks)
+        return any(task.call is not None for task in self._tasks.values())
 
     def get_next(self, timeout: float | None = None, ignore_if_timedout: bool = False) -> Any:
         """The next result in submission order, waiting up to `timeout` s (None: for ever).
@@ -299,7 +304,7 @@ class ActorPool(Generic[T]):
         timed-out result is dropped first (the next call returns the one after it).
         """
         check_timeout(timeout)
-        if not self._tasks:
+        if not self.has_next():
             raise StopIteration("No more results to get")
         if self._next_return >= self._next_index:
             raise ValueError("It is not allowed to call get_next() after get_next_unordered().")
@@ -322,7 +327,7 @@ class ActorPool(Generic[T]):
         `ignore_if_timedout` the oldest pending result is dropped first.
         """
         check_timeout(timeout)
-        if not self._tasks:
+        if not self.has_next():
             raise StopIteration("No more results to get")
         with self._cond:
             task = None

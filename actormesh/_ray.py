@@ -27,7 +27,10 @@ older Ray when actormesh is imported, naming the version found.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -297,6 +300,30 @@ def runs_calls_at_once(handle: Any) -> bool:
     return bool(getattr(handle, "_ray_allow_out_of_order_execution", False))
 
 
+def runs_groups_at_once(handle: Any) -> bool:
+    """Whether a method of the actor's class runs in a concurrency group of its own
+    (`@ray.method(concurrency_group=...)`): Ray runs its calls beside those of the default
+    group, even on an actor that runs calls in order. Read from the class this process knows
+    by the module and name Ray recorded for it (the driver that made the actor has it); False
+    where it knows no such class."""
+    descriptor = getattr(handle, "_ray_actor_creation_function_descriptor", None)
+    module_name = getattr(descriptor, "module_name", None)
+    class_name = getattr(descriptor, "class_name", None)
+    if not isinstance(module_name, str) or not isinstance(class_name, str):
+        return False
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None) or ""
+    module = sys.modules.get(module_name) or (  # a script's classes: Ray names it by its file
+        main if os.path.splitext(os.path.basename(main_file))[0] == module_name else None)
+    cls = getattr(module, class_name, None)
+    metadata = getattr(cls, "__ray_metadata__", None)  # `@ray.remote`: the class Ray made
+    cls = getattr(metadata, "modified_class", cls)
+    if not isinstance(cls, type):
+        return False
+    return any(getattr(getattr(cls, name, None), "__ray_concurrency_group__", None) is not None
+               for name in method_names(handle) if not name.startswith("__"))
+
+
 def actor_id(handle: Any) -> bytes:
     """The binary id of an actor handle, as the GCS channel names it."""
     return bytes(handle._actor_id.binary())
@@ -305,6 +332,17 @@ def actor_id(handle: Any) -> bytes:
 def method_names(handle: Any) -> list[str]:
     """The methods an actor handle can call, from Ray's record of its class."""
     return list(getattr(handle, "_ray_method_signatures", {}))
+
+
+def method_parameters(handle: Any, name: str) -> list[inspect.Parameter] | None:
+    """The parameters of method `name` (without `self`) that Ray recorded for the actor behind
+    `handle` and checks a call's arguments against; None if it recorded none."""
+    signatures = getattr(handle, "_ray_method_signatures", None)
+    parameters = signatures.get(name) if isinstance(signatures, dict) else None
+    if not isinstance(parameters, list) or \
+            not all(isinstance(p, inspect.Parameter) for p in parameters):
+        return None
+    return parameters
 
 
 def class_name(handle: Any) -> str:

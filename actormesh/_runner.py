@@ -30,6 +30,7 @@ import pickle
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 import ray
@@ -126,7 +127,7 @@ def _task_error(instance: Any, name: str, error: BaseException,
     """The error Ray stores for a call of `name` that raised `error`."""
     cause = error.cause if isinstance(error, RayTaskError) else error  # Ray never nests them
     if text is None:
-        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        text = "".join(traceback.format_exception(type(error), error, _calls_own(error)))
     function = f"{type(instance).__name__}.{name}"
     try:
         actor_repr = repr(instance)
@@ -135,6 +136,15 @@ def _task_error(instance: Any, name: str, error: BaseException,
     make: Callable[..., RayTaskError] = RayTaskError  # untyped in Ray
     return make(function, text, cause, proctitle=f"ray::{function}", actor_repr=actor_repr,
                 actor_id=ray.get_runtime_context().get_actor_id())
+
+
+def _calls_own(error: BaseException) -> TracebackType | None:
+    """`error`'s traceback from the call's method on: the runner's frame that made the call is
+    no part of it (Ray's traceback of a call alone shows none of Ray's)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") == __name__:
+        tb = tb.tb_next
+    return tb
 
 
 def _skip(instance: Any, name: str) -> Skipped | None:

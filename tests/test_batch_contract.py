@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -115,6 +116,17 @@ def test_a_value_that_cannot_be_pickled_fails_its_own_call_only(
     assert len({id(f._calls[0].task) for f in futures}) == 1  # they rode one task
 
 
+def test_the_traceback_of_a_call_that_raised_in_a_task_of_several_names_no_frame_of_the_library(
+    pair: am.ActorMesh[Logged],
+) -> None:
+    futures = queued_behind_a_held_call(pair[0], lambda: [pair[0].methods.aborting.choose(x)
+                                                          for x in (1, -1, 3)])
+    with pytest.raises(am.ActorError) as raised:
+        futures[1].get(timeout=60)
+    assert 'contract_workers.py", line' in str(raised.value)  # the method's own frame
+    assert "_runner.py" not in str(raised.value)  # as alone: no frame of the library's
+
+
 def test_a_base_exception_of_the_users_own_fails_its_own_call_only(
     pair: am.ActorMesh[Logged],
 ) -> None:
@@ -198,6 +210,47 @@ def test_a_method_in_a_concurrency_group_runs_in_its_group_when_calls_wait(
     finally:
         mesh.shutdown()
         ray.kill(actor)
+
+
+def test_a_call_in_a_concurrency_group_is_not_held_behind_a_call_of_the_default_group(
+    ray_cluster: None,
+) -> None:
+    """Ray runs a method of a concurrency group of its own beside the actor's other calls: a
+    mesh over such an actor made elsewhere sends its call at once, as it does for an actor of
+    its own made with `concurrency_groups`, not after the call that holds the default group."""
+    actor = Grouped.remote()
+    mesh = am.ActorMesh.from_actors([actor])
+    try:
+        sig = signal()
+        blocked = mesh.methods.block.choose(sig)
+        waiters(sig, 1)
+        assert mesh.methods.in_io.choose(7).get(timeout=30).startswith("7:")
+        sig.send.remote()
+        blocked.get(timeout=60)
+    finally:
+        mesh.shutdown()
+        ray.kill(actor)
+
+
+def test_an_asyncio_mesh_actor_runs_as_many_tasks_at_once_as_max_tasks_allows(
+    ray_cluster: None,
+) -> None:
+    """A task beyond an actor's first runs beside it on an actor that runs calls at once: it is
+    not held back as one that would wait behind the first (whose calls are not measured yet)."""
+    with am.ActorMesh(Peaked, shape=1, num_cpus=0.1,
+                      balancer=am.Policy("adaptive", max_tasks=3)) as mesh:
+        sig = signal()
+        blocked = [mesh.methods.block.choose(sig) for _ in range(3)]
+        waiters(sig, 3)  # all three started (one at a time before: the others held back)
+        sig.send.remote()
+        am.get(blocked, timeout=60)
+
+
+def test_a_call_that_cannot_be_sent_is_counted_as_an_error(pair: am.ActorMesh[Logged]) -> None:
+    before = pair.stats()["calls"].get("value", {}).get("error", 0)
+    with pytest.raises(TypeError, match="pickle"):
+        pair.methods.value.choose(threading.Lock()).get(timeout=60)  # alone: Ray refuses it
+    assert pair.stats()["calls"]["value"]["error"] == before + 1
 
 
 def test_ray_task_retries_of_an_actor_made_elsewhere_hold_for_calls_that_wait(

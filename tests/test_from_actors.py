@@ -82,3 +82,26 @@ def test_bad_input_is_refused_clearly() -> None:
     with am.ActorMesh.from_actors(handles) as mesh:
         with pytest.raises(AttributeError, match="Plain has no method 'nope'"):
             mesh.methods.nope  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_arguments_that_do_not_fit_a_method_are_refused_at_the_call_whether_it_waits_or_not(
+) -> None:
+    """As for a mesh of the library's own actors: the arguments are checked against the
+    method's parameters as Ray recorded them, before anything is sent; a call that would have
+    waited and ridden a task with others is refused the same (not run in the actor, where it
+    would raise as the actor's error and count against it)."""
+    handles = make(1)
+    with am.ActorMesh.from_actors(handles, balancer=am.Policy("adaptive", max_tasks=1)) as mesh:
+        with pytest.raises(TypeError, match=r"Plain\.whoami\(\): too many positional"):
+            mesh.methods.whoami.choose(1)  # the actor idle: it would go alone
+        sig = signal()
+        held = mesh.methods.hold.choose(sig)
+        waiters(sig, 1)
+        with pytest.raises(TypeError, match=r"Plain\.split_len\(xs\): missing a required"):
+            mesh.methods.split_len.choose()  # the actor busy: it would wait and ride
+        with pytest.raises(TypeError, match="unexpected keyword argument 'y'"):
+            mesh.methods.split_len.all([1], y=2)
+        sig.send.remote()
+        assert held.get(timeout=60) == 0
+        assert not any(actor.ejected for actor in mesh.load().actors)
+        assert mesh.stats()["calls"].get("split_len", {}).get("error", 0) == 0

@@ -71,6 +71,8 @@ HANDLE = ("_actor_id", "_ray_method_signatures", "_ray_actor_creation_function_d
           "__ray_call__", "__ray_ready__")
 ACTOR_METHOD = ("_remote",)  # handle.__ray_call__._remote(...), for a task's options
 METHOD_FUNCTION = ("__ray_concurrency_group__",)  # set by @ray.method(concurrency_group=...)
+# What `@ray.remote` makes of a class: its record, whose `modified_class` has the methods.
+ACTOR_CLASS = ("__ray_metadata__",)
 # A parameter Ray's tracing adds to every actor method's signature (ray.util.tracing).
 INJECTED = ("_ray_trace_ctx",)
 
@@ -84,7 +86,7 @@ USES = [
     (re.compile(r"gcs_client\.(\w+)|client\.(async_\w+)"), lambda name: name in GCS_CLIENT),
     (re.compile(r"(?<!self)\.(_on_\w+)\("), lambda name: name in OBJECT_REF),
     (re.compile(r"\b(__ray_(?!concurrency_group)\w+__|_ray_\w+)\b"),
-     lambda name: name in HANDLE or name in INJECTED),
+     lambda name: name in HANDLE or name in INJECTED or name in ACTOR_CLASS),
     (re.compile(r"(?<!self)\.(_actor_id)\b"), lambda name: name in HANDLE),
     (re.compile(r"__ray_call__\.(\w+)\("), lambda name: name in ACTOR_METHOD),
     (re.compile(r"\b(__ray_concurrency_group__)\b"), lambda name: name in METHOD_FUNCTION),
@@ -141,6 +143,10 @@ def test_each_private_ray_attribute_the_library_reads_exists() -> None:
                     if not hasattr(handle.__ray_call__, n)]
         missing += [f"@ray.method function.{n}" for n in METHOD_FUNCTION
                     if not hasattr(Probe.__ray_metadata__.modified_class.grouped, n)]
+        missing += [f"ActorClass.{n}" for n in ACTOR_CLASS if not hasattr(Probe, n)]
+        descriptor = handle._ray_actor_creation_function_descriptor
+        missing += [f"FunctionDescriptor.{n}" for n in ("module_name", "class_name")
+                    if not hasattr(descriptor, n)]
         assert missing == [], f"ray {ray.__version__} lacks: {missing}"
     finally:
         ray.kill(handle)
