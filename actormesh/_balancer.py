@@ -73,9 +73,9 @@ class Policy:
     wait for another that a bound would hold back): calls
     that find no actor with a free task slot wait in the mesh's queue, and ride together (see
     `ActorMesh(coalesce=)`) when a slot frees. A task beyond an actor's first waits behind the
-    running one, hiding the round trip, so it is sent (over actors that run one call at a time;
-    over the others it runs beside the first, whenever `max_tasks` allows) only while the
-    actor's calls are measured shorter than `pipeline_s` (or take the same time each), or, with `pipeline_backlog`, while
+    running one, hiding the round trip, so it is sent (over actors that run one call at a
+    time; over asyncio or threaded ones it runs beside the first, whenever `max_tasks` allows)
+    only while the actor's calls are measured shorter than `pipeline_s` (or take the same time each), or, with `pipeline_backlog`, while
     twice as many calls wait in the mesh's queue as the (sub-)mesh has actors: each waits
     through several ends then anyway, and an actor that starts the next call without idling
     for the round trip drains the queue sooner (never behind an actor measured slower than the
@@ -178,17 +178,20 @@ class Policy:
             return self.max_in_flight + self.prefetch
         return 1 + self.prefetch if self.name == "pull" else 0
 
-    def settings(self, coalesce: int, concurrent: bool) -> _native.SchedulerSettings:
+    def settings(self, coalesce: int, concurrent: bool,
+                 at_once: bool | None = None) -> _native.SchedulerSettings:
         """The native scheduler's settings (csrc/settings.hpp): every field of this policy that
-        is one, by its own name, and those that depend on the mesh (`coalesce`, `concurrent`:
-        its actors run several calls at once) or default to something the core cannot know."""
+        is one, by its own name, and those that depend on the mesh (`coalesce`; `concurrent`:
+        its actors may run several calls at once, in a concurrency group of their own
+        included; `at_once`: they run any calls at once, asyncio or threaded, by default as
+        `concurrent`) or default to something the core cannot know."""
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name in _native.SETTINGS and f.name != "policy"}
         derived: _native.SchedulerSettings = {
             "max_in_flight": self.slots(),
             "max_tasks": self.tasks(concurrent),
             # over actors that run calls at once a second task runs beside the first
-            "pipeline_s": 0.0 if concurrent else self.pipeline_s,
+            "pipeline_s": 0.0 if (concurrent if at_once is None else at_once) else self.pipeline_s,
             "coalesce": coalesce,
             "seed": self.seed if self.seed is not None else random.getrandbits(63),
             "prior_s": self.prior_s or 0.0,
@@ -201,10 +204,10 @@ BalancerSpec = PolicyName | Policy | Balancer
 
 def make_scheduler(
     num_actors: int, spec: BalancerSpec, max_in_flight: int | None, coalesce: int = 1, *,
-    concurrent: bool = False,
+    concurrent: bool = False, at_once: bool | None = None,
 ) -> _native.Scheduler:
     """The native scheduler for one mesh, from the `balancer=`, `max_in_flight=` and
-    `coalesce=` arguments; `concurrent`: its actors run several calls at once."""
+    `coalesce=` arguments; `concurrent`, `at_once`: how its actors run calls (`settings`)."""
     check_coalesce(coalesce)
     if isinstance(spec, Balancer):
         if max_in_flight is not None and (isinstance(max_in_flight, bool) or max_in_flight < 1):
@@ -219,7 +222,7 @@ def make_scheduler(
         raise TypeError(f"balancer={spec!r}: must be a policy name, an am.Policy or an am.Balancer")
     if max_in_flight is not None:
         spec = dataclasses.replace(spec, max_in_flight=max_in_flight)
-    return _native.Scheduler(num_actors, spec.name, **spec.settings(coalesce, concurrent))
+    return _native.Scheduler(num_actors, spec.name, **spec.settings(coalesce, concurrent, at_once))
 
 
 def check_coalesce(coalesce: int) -> None:

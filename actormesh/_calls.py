@@ -4,7 +4,8 @@
       Router.route                  the native scheduler picks an actor (or queues the call:
                                     a freed slot drains the queue and the loop thread sends
                                     each decision's calls together, `_send_decisions`)
-      Router.send_task              ONE send: a Task of 1..N calls, ONE Ray call (Task.send)
+      Router.send_task              ONE send: a Task of 1..N calls, ONE Ray call (`_send`,
+                                    by the task's wire: `_send_lone`, `_send_to_runner`)
       ... the task ends ONCE (Task.claim): Ray's callback, or the caller of a lone call that
       read its value first (read_sent)
       Router.end(task, outcomes)    ONE end: the scheduler frees the task's slots, counting each
@@ -778,6 +779,9 @@ class Router:
         self._give_back(task.actor, len(calls))
         if len(calls) == 1 or not _ray.connected():
             for call in calls:
+                twin = call.twin
+                if twin is not None and twin.task is not None and not twin.task.ended():
+                    continue  # a hedge's copy: the call it copies still runs, and ends it
                 self._fail_unsent(call, error)
             return
         for call in calls:
@@ -853,7 +857,7 @@ class Router:
             for decision in decisions:
                 self.scheduler.release(decision.actor, False, len(decision.payloads), True)
             self._fail_decisions(decisions, MeshError(
-                "the mesh was shut down before this call was sent"))
+                "the mesh was shut down before this call was sent"), "cancelled")
             return
         self._send_decisions(decisions)
 
@@ -1011,16 +1015,17 @@ class Router:
         if self.metrics is not None and isinstance(error, _CANCELS) and call.twin is None:
             self.metrics.call_ended(call.method, _cancelled_name(error), 0.0)
 
-    def _fail_decisions(self, decisions: Sequence[_native.Decision], error: BaseException) -> None:
+    def _fail_decisions(self, decisions: Sequence[_native.Decision], error: BaseException,
+                        outcome: str = "error") -> None:
         for decision in decisions:
             for call in decision.payloads:
-                self._fail_unsent(call, _copy(error))
+                self._fail_unsent(call, _copy(error), outcome)
 
-    def _fail_unsent(self, call: Call, error: BaseException) -> None:
-        """Fail a call that was never sent (no actor for it, the mesh shut down, Ray refused
-        the send): it ended, with an error and after no time, and is counted so."""
+    def _fail_unsent(self, call: Call, error: BaseException, outcome: str = "error") -> None:
+        """Fail a call that was never sent: it ended after no time, counted as an error (no
+        live actor for it, Ray refused the send) or as cancelled (the mesh was shut down)."""
         if call.future.set_exception(error) and self.metrics is not None and call.twin is None:
-            self.metrics.call_ended(call.method, "error", 0.0)
+            self.metrics.call_ended(call.method, outcome, 0.0)
 
     # -- cancellation, timeouts, shutdown ------------------------------------------------------
     def cancel(self, calls: Sequence[Call], error: BaseException) -> None:
@@ -1072,7 +1077,7 @@ class Router:
         but not yet sent are never sent."""
         self.closed = self.holds.closed = True
         self.failures.close()
-        self._fail_decisions(self.scheduler.take_queued(), MeshError(why))
+        self._fail_decisions(self.scheduler.take_queued(), MeshError(why), "cancelled")
 
 
 class _ActorKind:

@@ -137,8 +137,9 @@ class ActorMesh(Selectable, Generic[T]):
         user_kwargs = dict(kwargs or {})
         check_init_args(actor_cls, tuple(args), user_kwargs)
         passed = _passthrough(ray_actor_options, placement)
-        scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
-                                   concurrent=is_asyncio(actor_cls) or _runs_calls_at_once(passed))
+        at_once = is_asyncio(actor_cls) or _runs_calls_at_once(passed, groups=False)
+        scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce, at_once=at_once,
+                                   concurrent=at_once or _runs_calls_at_once(passed))
         label = name or actor_cls.__name__
         options: dict[str, Any] = {"max_restarts": max_restarts}
         for key, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus),
@@ -228,10 +229,10 @@ class ActorMesh(Selectable, Generic[T]):
             raise ValueError(f"shape {full} has {full.size} points but {len(handles)} actors "
                              "were given")
         check_timeout("restart_timeout_s", restart_timeout_s)
-        scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
-                                   concurrent=any(_ray.runs_calls_at_once(h)
-                                                  or _ray.runs_groups_at_once(h)
-                                                  for h in handles))
+        at_once = any(_ray.runs_calls_at_once(h) for h in handles)
+        scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce, at_once=at_once,
+                                   concurrent=at_once or any(_ray.runs_groups_at_once(h)
+                                                             for h in handles))
         class_name = _ray.class_name(handles[0])
         ActorStates.get().start()
         mesh: ActorMesh[T] = object.__new__(ActorMesh)
@@ -286,7 +287,8 @@ class ActorMesh(Selectable, Generic[T]):
             _named.check_class(record, actor_cls)
         full = record.shape
         scheduler = make_scheduler(full.size, balancer, max_in_flight, coalesce,
-                                   concurrent=record.concurrent)
+                                   concurrent=record.concurrent,
+                                   at_once=any(_ray.runs_calls_at_once(h) for h in handles))
         ActorStates.get().start()
         shared = _drivers.Shared(scheduler, record, name, creator=False)
         mesh: ActorMesh[Any] = object.__new__(ActorMesh)
@@ -537,10 +539,11 @@ def _passthrough(options: Mapping[str, Any] | None, placement: Placement | None)
     return dict(options)
 
 
-def _runs_calls_at_once(options: Mapping[str, Any]) -> bool:
-    """Whether these options make the actors run several calls at once (threads)."""
+def _runs_calls_at_once(options: Mapping[str, Any], *, groups: bool = True) -> bool:
+    """Whether these options make the actors run several calls at once (threads; with
+    `groups`, a concurrency group's beside the others too)."""
     concurrency = options.get("max_concurrency")
-    return bool(options.get("concurrency_groups")) or (
+    return (groups and bool(options.get("concurrency_groups"))) or (
         isinstance(concurrency, int) and concurrency > 1)
 
 

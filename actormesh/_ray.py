@@ -13,7 +13,11 @@
 - `arrived(ref)`: whether a value can be read at once (a reader then reads it on its own
   thread or event loop instead of waiting, or handing the read to a thread).
 - `runs_calls_at_once(handle)`: whether the actor runs calls out of order, which is also
-  whether `ray.cancel` may be used on its calls.
+  whether `ray.cancel` may be used on its calls; `runs_groups_at_once(handle)`: whether a
+  method of its class runs in a concurrency group of its own (the class found by the module
+  and name Ray recorded, `__ray_metadata__` for a class `@ray.remote` made);
+  `methods_with_options`, `method_parameters`: the Ray options and the parameters Ray
+  recorded for each method of an actor made elsewhere (the method records of its handle).
 - `connected()` / `get`: whether this process is still connected to Ray. Ray's `.remote()`,
   `ray.get`, `ray.kill`, `ray.cancel`, `ray.get_actor`... start a new local cluster when there
   is none (after `ray.shutdown()`); the library checks first, everywhere it calls Ray on its
@@ -304,8 +308,8 @@ def runs_groups_at_once(handle: Any) -> bool:
     """Whether a method of the actor's class runs in a concurrency group of its own
     (`@ray.method(concurrency_group=...)`): Ray runs its calls beside those of the default
     group, even on an actor that runs calls in order. Read from the class this process knows
-    by the module and name Ray recorded for it (the driver that made the actor has it); False
-    where it knows no such class."""
+    by the module and qualified name Ray recorded for it (the driver that made the actor has
+    it); False where it knows no such class."""
     descriptor = getattr(handle, "_ray_actor_creation_function_descriptor", None)
     module_name = getattr(descriptor, "module_name", None)
     class_name = getattr(descriptor, "class_name", None)
@@ -315,7 +319,9 @@ def runs_groups_at_once(handle: Any) -> bool:
     main_file = getattr(main, "__file__", None) or ""
     module = sys.modules.get(module_name) or (  # a script's classes: Ray names it by its file
         main if os.path.splitext(os.path.basename(main_file))[0] == module_name else None)
-    cls = getattr(module, class_name, None)
+    cls: Any = module
+    for part in class_name.split("."):  # a qualified name: a class nested in another
+        cls = getattr(cls, part, None)  # (one defined in a function cannot be found)
     metadata = getattr(cls, "__ray_metadata__", None)  # `@ray.remote`: the class Ray made
     cls = getattr(metadata, "modified_class", cls)
     if not isinstance(cls, type):

@@ -201,6 +201,16 @@ def test_calls_backed_up_twice_over_are_sent_two_per_actor_and_each_answered_onc
         assert scheduler.tasks() == [0, 0] and scheduler.queued() == 0
 
 
+def test_the_pipeline_rule_holds_a_second_task_only_over_actors_that_run_one_call_at_a_time(
+) -> None:
+    """A task beyond an actor's first waits behind the running one only where the actor runs
+    one call at a time (its default group, for a synchronous actor with concurrency groups)."""
+    policy = am.Policy("adaptive", max_tasks=3, pipeline_s=0.005)
+    assert policy.settings(1, concurrent=False)["pipeline_s"] == 0.005
+    assert policy.settings(1, concurrent=True)["pipeline_s"] == 0.0  # asyncio, threaded
+    assert policy.settings(1, concurrent=True, at_once=False)["pipeline_s"] == 0.005  # groups
+
+
 def test_pipeline_backlog_must_be_a_bool() -> None:
     with pytest.raises(ValueError, match="pipeline_backlog=1: must be True or False"):
         am.Policy(pipeline_backlog=1)  # type: ignore[arg-type]

@@ -408,6 +408,26 @@ def test_callbacks_never_run_on_the_completion_thread() -> None:
     assert seen == ["actormesh-user"]
 
 
+def test_a_call_failed_before_it_was_sent_is_counted_an_error_or_cancelled_by_shutdown() -> None:
+    h = Harness(1, max_in_flight=1)
+    h.router.metrics = metrics = MeshMetrics("counted")
+    running = h.method().choose(1)
+    queued = h.method().choose(2)
+    h.router.close("the mesh is shut down")
+    with pytest.raises(am.MeshError, match="shut down"):
+        queued.get(timeout=5)
+    h.finish_all(0, "done")
+    assert running.get(timeout=5) == "done"
+    dead = Harness(1)
+    dead.router.metrics = metrics
+    dead.scheduler.mark_dead(0)
+    with pytest.raises(am.NoLiveActorsError):
+        dead.method().choose(3).get(timeout=5)
+    calls = metrics.stats()["calls"]["f"]
+    assert (calls["ok"], calls["cancelled"], calls["error"]) == (1, 1, 1)
+    metrics.close()
+
+
 # -- as_completed and all ---------------------------------------------------------------------
 def test_as_completed_on_a_call_that_failed_before_it_was_sent_raises_its_error() -> None:
     h = Harness(1)

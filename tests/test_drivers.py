@@ -174,6 +174,18 @@ def test_connect_with_the_class_types_the_mesh_and_refuses_another_class(
             am.ActorMesh.connect(name, AsyncWorker)
 
 
+def test_a_joined_mesh_refuses_arguments_that_do_not_fit_at_the_call(ray_cluster: None) -> None:
+    name = unique("checked")
+    with am.ActorMesh(Worker, shape=1, num_cpus=0.1, name=name):
+        joined = am.ActorMesh.connect(name)
+        try:
+            with pytest.raises(TypeError, match=r"Worker\.add\(x, y\): missing a required"):
+                joined.methods.add.choose(1)
+            assert joined.methods.add.choose(1, y=2).get(timeout=60) == 3
+        finally:
+            joined.shutdown()
+
+
 def test_connect_refuses_bad_settings_before_it_looks_the_mesh_up(ray_cluster: None) -> None:
     with pytest.raises(ValueError, match="restart_timeout_s=0"):
         am.ActorMesh.connect("any", restart_timeout_s=0)

@@ -449,7 +449,7 @@ def test_with_retries_a_dead_actors_call_runs_again_elsewhere() -> None:
     for i in range(3):
         pool.submit(hold(sig), i)
     waiters(sig, 3)
-    ray.kill(actors[1])
+    killed(actors[1])  # dead before the signal: else it may end its call as the kill lands
     sig.send.remote()
     results = [pool.get_next(timeout=60) for _ in range(3)]
     assert [value for _, value in results] == [0, 1, 2]

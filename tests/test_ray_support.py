@@ -4,16 +4,20 @@ private Ray API it reads, named and checked against the installed Ray."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
 import tomllib
 
 from actormesh import _ray
+from actormesh._method import Arguments
 
 
 def test_an_older_ray_is_refused_naming_the_version_found() -> None:
@@ -150,3 +154,54 @@ def test_each_private_ray_attribute_the_library_reads_exists() -> None:
         assert missing == [], f"ray {ray.__version__} lacks: {missing}"
     finally:
         ray.kill(handle)
+
+
+# -- reading an actor made elsewhere from its handle (no cluster: a handle's Ray records) --------
+class _Outer:
+    class Grouped:
+        @ray.method(concurrency_group="io")  # type: ignore[misc]
+        def io(self) -> None: ...
+
+        def plain(self) -> None: ...
+
+
+class _Ungrouped:
+    def plain(self) -> None: ...
+
+
+def _handle(module: str, qualname: str, methods: dict[str, list[Any]]) -> Any:
+    descriptor = types.SimpleNamespace(module_name=module, class_name=qualname)
+    return types.SimpleNamespace(_ray_actor_creation_function_descriptor=descriptor,
+                                 _ray_method_signatures=methods)
+
+
+def test_a_class_with_a_method_in_a_concurrency_group_is_found_by_its_qualified_name() -> None:
+    methods: dict[str, list[Any]] = {"io": [], "plain": [], "__ray_ready__": []}
+    assert _ray.runs_groups_at_once(_handle(__name__, "_Outer.Grouped", methods))
+    assert not _ray.runs_groups_at_once(_handle(__name__, "_Ungrouped", {"plain": []}))
+    assert not _ray.runs_groups_at_once(_handle("no_such_module", "_Outer.Grouped", methods))
+    assert not _ray.runs_groups_at_once(_handle(__name__, "f.<locals>.Local", methods))
+    assert not _ray.runs_groups_at_once(types.SimpleNamespace())  # no record at all
+
+
+def test_a_scripts_class_is_found_in_main_under_the_scripts_file_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    script = types.ModuleType("__main__")
+    script.__file__ = "/somewhere/train_loop.py"
+    script.Grouped = _Outer.Grouped  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    assert _ray.runs_groups_at_once(_handle("train_loop", "Grouped", {"io": []}))
+    assert not _ray.runs_groups_at_once(_handle("other_script", "Grouped", {"io": []}))
+
+
+def test_the_arguments_of_an_actor_made_elsewhere_are_checked_as_ray_checks_them() -> None:
+    def method(self: Any, a: int, *rest: int, key: int, **extra: int) -> None: ...
+
+    recorded = [*list(inspect.signature(method).parameters.values())[1:],
+                inspect.Parameter("_ray_trace_ctx", inspect.Parameter.KEYWORD_ONLY, default=None)]
+    arguments = Arguments.of_handle("Remote", _handle(__name__, "Remote", {"m": recorded}), "m")
+    assert arguments is not None
+    arguments.check((1, 2, 3), {"key": 4, "other": 5})
+    with pytest.raises(TypeError, match=r"Remote\.m\(a, \*rest, key, \*\*extra\): missing"):
+        arguments.check((1,), {})
+    assert Arguments.of_handle("Remote", _handle(__name__, "Remote", {}), "m") is None
