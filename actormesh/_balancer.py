@@ -75,12 +75,13 @@ class Policy:
     `ActorMesh(coalesce=)`) when a slot frees. A task beyond an actor's first waits behind the
     running one, hiding the round trip, so it is sent (over actors that run one call at a
     time; over asyncio or threaded ones it runs beside the first, whenever `max_tasks` allows)
-    only while the actor's calls are measured shorter than `pipeline_s` (or take the same time each), or, with `pipeline_backlog`, while
-    twice as many calls wait in the mesh's queue as the (sub-)mesh has actors: each waits
-    through several ends then anyway, and an actor that starts the next call without idling
-    for the round trip drains the queue sooner (never behind an actor measured slower than the
-    others, and only while the method's calls take about the same time each: its 90th
-    percentile within 2× its median, which exponential times exceed). A call sent ahead is a
+    only while the actor's calls are measured shorter than `pipeline_s` (or take the same time
+    each), or, with `pipeline_backlog`, while twice as many calls wait in the mesh's queue as
+    the (sub-)mesh has actors: each waits through several ends then anyway, and an actor that
+    starts the next call without idling for the round trip drains the queue sooner (never
+    behind an actor measured slower than the others, and only while the method's calls take
+    about the same time each: its 90th percentile within 2× its median, which exponential
+    times exceed). A call sent ahead is a
     sent call: cancelled, it still runs on an actor that runs calls in order, its result
     dropped. A batch holds as many calls as their expected service times fit in
     `batch_budget_s`, so a slow method's calls go alone and tiny ones ride by the dozen; under

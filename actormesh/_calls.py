@@ -1010,10 +1010,16 @@ class Router:
 
     def _count_unsent(self, call: Call) -> None:
         """Count a call cancelled or timed out after it left the queue, never (again) sent, as
-        `cancel` counts one it takes out of the queue (a hedge's copy: its call is counted)."""
+        `cancel` counts one it takes out of the queue."""
         error = call.future.exception()
-        if self.metrics is not None and isinstance(error, _CANCELS) and call.twin is None:
-            self.metrics.call_ended(call.method, _cancelled_name(error), 0.0)
+        if isinstance(error, _CANCELS):
+            self._count_at_once(call, _cancelled_name(error))
+
+    def _count_at_once(self, call: Call, outcome: str) -> None:
+        """Count a call that ended without running, after no time (a hedge's copy: its call
+        is counted)."""
+        if self.metrics is not None and call.twin is None:
+            self.metrics.call_ended(call.method, outcome, 0.0)
 
     def _fail_decisions(self, decisions: Sequence[_native.Decision], error: BaseException,
                         outcome: str = "error") -> None:
@@ -1024,8 +1030,8 @@ class Router:
     def _fail_unsent(self, call: Call, error: BaseException, outcome: str = "error") -> None:
         """Fail a call that was never sent: it ended after no time, counted as an error (no
         live actor for it, Ray refused the send) or as cancelled (the mesh was shut down)."""
-        if call.future.set_exception(error) and self.metrics is not None and call.twin is None:
-            self.metrics.call_ended(call.method, outcome, 0.0)
+        if call.future.set_exception(error):
+            self._count_at_once(call, outcome)
 
     # -- cancellation, timeouts, shutdown ------------------------------------------------------
     def cancel(self, calls: Sequence[Call], error: BaseException) -> None:
@@ -1035,9 +1041,9 @@ class Router:
         for call in calls:
             if call.future.done():
                 continue
-            if call.ticket and self.scheduler.cancel(call.ticket) and self.metrics is not None:
+            if call.ticket and self.scheduler.cancel(call.ticket):
                 # never sent (False: given a slot meanwhile; its send sees it settled)
-                self.metrics.call_ended(call.method, _cancelled_name(error), 0.0)
+                self._count_at_once(call, _cancelled_name(error))
             # Settled first, then `task` read: a send under way either sees the call settled
             # or has set `task` by now, so one of the two cancels it.
             if call.future.set_exception(_copy(error)):

@@ -585,11 +585,10 @@ class _Methods:
                 dispatch = definition.dispatch if definition else None
                 alone = definition is not None and not definition.coalesce
                 arguments = Arguments.of(root.cls, name)
-            elif root.record is not None:
-                dispatch, alone = root.record.method(name)
-                arguments = Arguments.of_handle(root.class_name, root.router.handles[0], name)
-            elif name in root.method_names and not name.startswith("__"):
-                dispatch = None
+            elif root.record is not None or (name in root.method_names
+                                             and not name.startswith("__")):
+                # actors made elsewhere, or a mesh joined: Ray's record of the class
+                dispatch, alone = root.record.method(name) if root.record else (None, False)
                 arguments = Arguments.of_handle(root.class_name, root.router.handles[0], name)
             else:
                 raise AttributeError(f"{root.class_name} has no method {name!r}")
